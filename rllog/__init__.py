@@ -1,0 +1,94 @@
+"""rllog: log once from the trainer; every tracker gets it from a separate process; nothing is lost.
+
+Example:
+    >>> import rllog
+    >>> with rllog.init(report_to="parquet", project="grpo-math", config={"lr": 1e-6}) as run:
+    ...     run.log({"reward": 0.41, "kl": 0.012}, step=10)
+    ...     run.log_table("completions", {"prompt": ["1+1="], "completion": ["2"], "reward": [1.0]}, step=10)
+
+Importing rllog imports no tracker, torch, trl or transformers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rllog.errors import (  # noqa: F401  (re-exported)
+    BackendNotInstalled,
+    InvalidKey,
+    InvalidStep,
+    InvalidTable,
+    InvalidValue,
+    RateLimited,
+    RllogError,
+    RunFinished,
+    TransientError,
+    UnknownBackend,
+)
+from rllog.records import MetricsRecord, RunInfo, TableRecord  # noqa: F401
+from rllog.run import FinishReport, Run, SinkReport  # noqa: F401
+from rllog.sink import Capabilities, MetricSink  # noqa: F401
+
+__version__ = "0.1.0"
+__all__ = ["init", "log", "log_table", "current_run", "read_metrics", "read_table", "Run", "MetricSink", "Capabilities"]
+
+_current: Run | None = None
+
+
+def init(report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any) -> Run:
+    """Start a run that delivers to ``report_to`` and make it the current run.
+
+    Args:
+        report_to: ``"wandb,tensorboard"``, a list of names and/or :class:`MetricSink` objects,
+            ``"all"`` (every installed backend), ``"none"``, or None for the default (``parquet``).
+        project: project / experiment name in every tracker.
+        name: the run's name (default ``run-<id>``).
+        config: hyperparameters: a dict, a dataclass (e.g. ``TrainingArguments``) or an object with
+            ``to_dict()``; flattened with ``/``, secrets redacted.
+        **kwargs: ``run_dir``, ``tags``, ``flush_interval`` (default 1.0 s), ``delivery``
+            (``"process"``, default, or ``"thread"``), ``backend_options`` (``{"wandb": {...}}``).
+    """
+    global _current
+    _current = Run(report_to, project=project, name=name, config=config, **kwargs)
+    return _current
+
+
+def current_run() -> Run | None:
+    """The run most recently started with :func:`init` (None before the first)."""
+    return _current
+
+
+def log(values: dict, step: int | None = None) -> None:
+    """``current_run().log(values, step)``; the step defaults to the run's current step + 1."""
+    _require_run().log(values, step)
+
+
+def log_table(name: str, table: Any, step: int | None = None) -> None:
+    """``current_run().log_table(name, table, step)``."""
+    _require_run().log_table(name, table, step)
+
+
+def _require_run() -> Run:
+    if _current is None:
+        raise RllogError("no run: call rllog.init() first")
+    return _current
+
+
+def read_metrics(run_dir: str | os.PathLike):
+    """The metrics the parquet backend wrote for ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq)."""
+    from rllog_backends.parquet import METRICS_SCHEMA, read_parts
+
+    table = read_parts(Path(run_dir) / "parquet" / "metrics", "seq")
+    return table if table is not None else METRICS_SCHEMA.empty_table()
+
+
+def read_table(run_dir: str | os.PathLike, name: str):
+    """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...)."""
+    from rllog_backends.parquet import read_parts, table_dir_name
+
+    table = read_parts(Path(run_dir) / "parquet" / "tables" / table_dir_name(name), "_seq")
+    if table is None:
+        raise KeyError(f"no table {name!r} in {run_dir}")
+    return table

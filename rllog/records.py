@@ -1,0 +1,75 @@
+"""The immutable records every sink receives.
+
+Everything a :class:`rllog.sink.MetricSink` sees is one of these. They are created by the journal
+reader, never by user code, and are never mutated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+STATUSES = ("finished", "failed", "killed")
+
+
+def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class MetricsRecord:
+    """One ``Run.log`` call: scalar metrics at one step.
+
+    Attributes:
+        seq: position in the run's journal (1, 2, 3, ...), unique per record.
+        step: the training step every sink records these values at.
+        time: wall-clock time of the ``log`` call (seconds since the epoch).
+        values: metric name -> Python float (NaN and inf kept).
+    """
+
+    seq: int
+    step: int
+    time: float
+    values: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", _frozen(self.values))
+
+
+@dataclass(frozen=True)
+class TableRecord:
+    """One ``Run.log_table`` call: a named table (e.g. completions) at one step."""
+
+    seq: int
+    step: int
+    time: float
+    name: str
+    table: pa.Table
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sink needs to open its tracker's run.
+
+    Attributes:
+        project: project / experiment name.
+        name: the run's display name.
+        run_dir: the rllog run directory (the journal lives here; file-based sinks write below it).
+        run_id: a stable id for this run; sinks use it to resume the same tracker run on replay.
+        config: flattened hyperparameters (secrets already redacted).
+        tags: free-form tags.
+    """
+
+    project: str
+    name: str
+    run_dir: str
+    run_id: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config", _frozen(self.config))
+        object.__setattr__(self, "tags", tuple(self.tags))

@@ -1,0 +1,139 @@
+"""Backend names -> sink classes, and ``report_to`` parsing.
+
+The only place that knows which backends exist. Built-in backends live in ``rllog_backends`` and are
+imported lazily (only when selected); third-party backends register an entry point in the group
+``rllog.backends``::
+
+    [project.entry-points."rllog.backends"]
+    neptune = "my_pkg.sink:NeptuneSink"
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Iterable
+
+from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
+from rllog.sink import MetricSink
+
+ENTRY_POINT_GROUP = "rllog.backends"
+DEFAULT = "parquet"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A selectable backend: where its sink class lives and what it needs installed."""
+
+    name: str
+    target: str  # "module:Class"
+    requires: str | None = None  # top-level module of the tracker package
+    extra: str | None = None  # pip extra that installs it
+    source: str = "built-in"
+
+    @property
+    def installed(self) -> bool:
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+    def load(self) -> type:
+        if not self.installed:
+            raise BackendNotInstalled(
+                f"backend {self.name!r} needs the {self.requires!r} package: pip install 'rllog[{self.extra}]'"
+                if self.extra
+                else f"backend {self.name!r} needs the {self.requires!r} package"
+            )
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+BUILTIN: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend("parquet", "rllog_backends.parquet:ParquetSink"),
+        Backend("console", "rllog_backends.console:ConsoleSink"),
+        Backend("wandb", "rllog_backends.wandb:WandbSink", "wandb", "wandb"),
+        Backend("trackio", "rllog_backends.trackio:TrackioSink", "trackio", "trackio"),
+        Backend("tensorboard", "rllog_backends.tensorboard:TensorBoardSink", "tensorboard", "tensorboard"),
+        Backend("mlflow", "rllog_backends.mlflow:MlflowSink", "mlflow", "mlflow"),
+        Backend("comet_ml", "rllog_backends.comet:CometSink", "comet_ml", "comet"),
+    )
+}
+ALIASES = {"comet": "comet_ml", "tb": "tensorboard"}
+# Selected by "all" only when named: it draws on the terminal.
+NOT_IN_ALL = {"console"}
+
+
+def _builtin_available(backend: Backend) -> bool:
+    module = backend.target.partition(":")[0]
+    return importlib.util.find_spec(module) is not None
+
+
+def backends() -> dict[str, Backend]:
+    """Every known backend, built-in first, then entry points (an entry point may not shadow a built-in)."""
+    found = {name: b for name, b in BUILTIN.items() if _builtin_available(b)}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in found:
+            found[ep.name] = Backend(ep.name, ep.value, source=f"entry point ({ep.dist.name if ep.dist else '?'})")
+    return found
+
+
+def resolve(name: str) -> Backend:
+    """The backend called ``name`` (aliases allowed).
+
+    Raises:
+        UnknownBackend: with the available names and a close match, if any.
+    """
+    known = backends()
+    key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in known:
+        return known[key]
+    close = difflib.get_close_matches(key, list(known) + list(ALIASES), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownBackend(f"unknown backend {name!r}{hint} Available: {', '.join(sorted(known))}")
+
+
+def parse_report_to(report_to: Any) -> list[Any]:
+    """Turn ``report_to`` into a list of backend names and sink objects, like transformers does.
+
+    ``None`` -> the default (``["parquet"]``); ``"none"`` -> ``[]``; ``"all"`` -> every installed
+    backend; ``"a,b"`` or ``["a", "b"]`` -> those names; a sink object -> itself.
+    """
+    if report_to is None:
+        return [DEFAULT]
+    items: Iterable[Any] = report_to if isinstance(report_to, (list, tuple)) else [report_to]
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, str):
+            for part in (p.strip() for p in item.split(",")):
+                if not part or part.lower() == "none":
+                    continue
+                if part.lower() == "all":
+                    out.extend(n for n, b in backends().items() if b.installed and n not in NOT_IN_ALL)
+                else:
+                    backend = resolve(part)
+                    if not backend.installed:
+                        backend.load()  # raises BackendNotInstalled naming the extra
+                    out.append(backend.name)
+        elif isinstance(item, MetricSink):
+            out.append(item)
+        else:
+            raise InvalidSink(f"report_to entries must be backend names or MetricSink objects, got {type(item).__name__}")
+    seen: set = set()
+    unique = []
+    for item in out:
+        key = item if isinstance(item, str) else id(item)
+        if key not in seen:
+            seen.add(key)
+            unique.append(item)
+    return unique
+
+
+def create(name: str, options: dict[str, Any] | None = None) -> MetricSink:
+    """Build the sink for backend ``name`` with JSON-able keyword ``options``."""
+    sink = resolve(name).load()(**(options or {}))
+    if not isinstance(sink, MetricSink):
+        raise InvalidSink(f"backend {name!r} built a {type(sink).__name__}, which does not implement MetricSink")
+    return sink

@@ -1,0 +1,313 @@
+"""The user-facing ``Run``: ``log``, ``log_table``, ``finish``.
+
+The hot path (``log``/``log_table``) validates, stamps a sequence number, a step and the time, and
+hands the record to the journal writer: no tracker call, no disk wait. Everything after that (tracker
+imports, ``init`` calls, writes, retries) happens in the delivery agent process, or in follower threads
+with ``delivery="thread"``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from rllog import journal as journal_mod
+from rllog.delivery import CLOSED, Follower
+from rllog.errors import InvalidStep, RunDirError, RunFinished
+from rllog.journal import JournalWriter, PendingMetrics
+from rllog.records import STATUSES, RunInfo, TableRecord
+from rllog.registry import parse_report_to
+from rllog.values import flatten_config, normalise_metrics, to_arrow_table
+
+log = logging.getLogger("rllog")
+
+RUN_FILE = "run.json"  # RunInfo + the sinks the agent must serve
+
+
+@dataclass(frozen=True)
+class SinkReport:
+    """How far one sink got: ``state`` is ``delivered``, ``pending`` or ``failed``."""
+
+    name: str
+    state: str
+    delivered: int
+    pending: int
+    error: str | None = None
+
+
+class FinishReport(dict):
+    """``Run.finish``'s result: sink name -> :class:`SinkReport`; ``ok`` when every sink has everything."""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.state == "delivered" for r in self.values())
+
+    def __str__(self) -> str:
+        lines = [f"{r.name}: {r.state} ({r.delivered} delivered, {r.pending} pending)" + (f": {r.error}" if r.error else "") for r in self.values()]
+        return "\n".join(lines) or "no sinks"
+
+
+def _check_step(step: Any) -> int:
+    if type(step) is int and step >= 0:
+        return step
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise InvalidStep(f"step must be a non-negative int, got {type(step).__name__}: {step!r}")
+    step = step.__index__()  # numpy integers
+    if step < 0:
+        raise InvalidStep(f"step must be a non-negative int, got {step}")
+    return step
+
+
+def default_run_dir(name: str, run_id: str) -> Path:
+    base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
+    return base / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{run_id}"
+
+
+def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None) -> FinishReport:
+    """Delivery state of every sink of ``run_dir``, read from the journal and the cursor files."""
+    run_dir = Path(run_dir)
+    total = journal_mod.last_seq(run_dir)
+    if sink_names is None:
+        sink_names = sorted(p.stem for p in (run_dir / "delivery").glob("*.json"))
+    result = FinishReport()
+    for name in sink_names:
+        try:
+            saved = json.loads((run_dir / "delivery" / f"{name}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            saved = {"seq": 0, "state": "waiting", "error": None}
+        pending = max(0, total - saved.get("seq", 0))
+        if saved.get("state") in ("failed", "gave_up"):
+            state = "failed"
+        elif pending == 0 and saved.get("state") == CLOSED:
+            state = "delivered"
+        else:
+            state = "pending"
+        error = saved.get("error") or (None if state != "pending" else "not delivered before the deadline; run `rllog replay`")
+        result[name] = SinkReport(name, state, saved.get("seq", 0), pending, error)
+    return result
+
+
+class Run:
+    """One training run. Create it with :func:`rllog.init`.
+
+    Example:
+        >>> with rllog.init(report_to="parquet", project="grpo") as run:
+        ...     run.log({"reward": 0.4, "kl": 0.01}, step=1)
+        ...     run.log_table("completions", {"prompt": ["2+2="], "completion": ["4"]}, step=1)
+    """
+
+    def __init__(
+        self,
+        report_to: Any = None,
+        *,
+        project: str = "rllog",
+        name: str | None = None,
+        config: Any = None,
+        tags: list[str] | tuple[str, ...] = (),
+        run_dir: str | os.PathLike | None = None,
+        flush_interval: float = 1.0,
+        delivery: str = "process",
+        backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
+        if delivery not in ("process", "thread"):
+            raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
+        selected = parse_report_to(report_to)
+        run_id = secrets.token_hex(4)
+        name = name or f"run-{run_id}"
+        run_dir = Path(run_dir) if run_dir is not None else default_run_dir(name, run_id)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if any(journal_mod.journal_dir(run_dir).glob("*" + journal_mod.SUFFIX)):
+                raise RunDirError(f"{run_dir} already holds a run; use a new run_dir (or `rllog replay` to deliver it again)")
+        except OSError as exc:
+            raise RunDirError(f"cannot create the run directory {run_dir}: {exc}") from exc
+        self.run_dir = run_dir.resolve()
+        self.info = RunInfo(project, name, str(self.run_dir), run_id, flatten_config(config), tuple(tags))
+        self.flush_interval = flush_interval
+        self.delivery = delivery
+        options = {k: dict(v) for k, v in (backend_options or {}).items()}
+        # Names go to the agent process (or to threads); sink objects are always delivered in-process.
+        self._named = [s for s in selected if isinstance(s, str)]
+        self._objects = [s for s in selected if not isinstance(s, str)]
+        self.sink_names = list(self._named) + self._object_names(self._objects)
+        self._write_run_file(options)
+        self._writer = JournalWriter(self.run_dir, flush_interval)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._step = -1
+        self._finished: FinishReport | None = None
+        self._agent = None
+        self._followers: list[Follower] = []
+        if self._named and delivery == "process":
+            from rllog.agent import start_agent
+
+            self._agent = start_agent(self.run_dir)
+        else:
+            self._followers += [self._follower(n, _factory(n, options.get(n))) for n in self._named]
+        self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named):], self._objects)]
+        for follower in self._followers:
+            follower.start()
+        _live_runs.add(self)
+
+    # -- the hot path ----------------------------------------------------------------------------
+    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        """Log scalar metrics at ``step`` (default: the last step + 1).
+
+        Values may be Python or numpy numbers, bools or one-element torch tensors (kept on their device
+        and copied to the host together at the next flush); nested dicts are flattened with ``/``.
+
+        Raises:
+            InvalidValue: a value that is not one real number (names the key and the type).
+            InvalidStep: a step that is not a non-negative int.
+            RunFinished: the run has finished.
+        """
+        floats, tensors = normalise_metrics(values)
+        stacked = None
+        if tensors:
+            torch = sys.modules["torch"]
+            stacked = torch.stack([t.to(torch.float64) if t.dtype != torch.float64 else t for t in tensors.values()])
+        if step is not None:
+            step = _check_step(step)
+        now = time.time()
+        with self._lock:
+            self._check_open()
+            self._seq += 1
+            self._step = self._step + 1 if step is None else step
+            entry = PendingMetrics(self._seq, self._step, now, floats, tuple(tensors), stacked)
+            self._writer.append(entry)
+
+    def log_table(self, name: str, table: Any, step: int | None = None) -> None:
+        """Log a table (e.g. completions) at ``step`` (default: the step of the last ``log``).
+
+        ``table`` may be a dict of equal-length columns, a list of row dicts, a ``pyarrow.Table`` or a
+        pandas DataFrame.
+
+        Raises:
+            InvalidTable: ragged columns (names each column's length) or unsupported input.
+        """
+        arrow = to_arrow_table(name, table)
+        if step is not None:
+            step = _check_step(step)
+        now = time.time()
+        with self._lock:
+            self._check_open()
+            self._seq += 1
+            if step is None:
+                step = max(self._step, 0)
+            self._writer.append(TableRecord(self._seq, step, now, name, arrow))
+
+    @property
+    def step(self) -> int:
+        """The step of the last logged metrics (-1 before the first)."""
+        return self._step
+
+    # -- the end ---------------------------------------------------------------------------------
+    def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
+        """Write the end marker, wait up to ``timeout`` s for every sink, and report per sink.
+
+        A sink still busy at the deadline is stopped (the agent process is killed); what it has not
+        acknowledged stays in the journal for ``rllog replay``. Calling ``finish`` again returns the
+        same report.
+        """
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        with self._lock:
+            if self._finished is not None:
+                return self._finished
+            self._finished = FinishReport()  # from here on log() raises RunFinished
+        deadline = time.monotonic() + timeout
+        self._writer.close(status, timeout=max(0.0, deadline - time.monotonic()))
+        if self._agent is not None:
+            from rllog.agent import stop_agent
+
+            stop_agent(self._agent, deadline)
+        for follower in self._followers:
+            if not follower.join(max(0.0, deadline - time.monotonic())):
+                follower.stop()
+        self._finished = report(self.run_dir, self.sink_names)
+        _live_runs.discard(self)
+        if not self._finished.ok:
+            log.warning("rllog: run %s finished with undelivered records:\n%s", self.run_dir, self._finished)
+        return self._finished
+
+    @property
+    def finished(self) -> bool:
+        return self._finished is not None
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.finish("failed" if exc_type is not None else "finished")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._finished is not None:
+            raise RunFinished(f"run {self.info.name!r} has finished; start a new one with rllog.init()")
+
+    @staticmethod
+    def _object_names(objects: list) -> list[str]:
+        names: list[str] = []
+        for obj in objects:
+            base = str(getattr(obj, "name", None) or type(obj).__name__).lower()
+            name, n = base, 1
+            while name in names:
+                n += 1
+                name = f"{base}-{n}"
+            names.append(name)
+        return names
+
+    def _follower(self, name: str, sink) -> Follower:
+        return Follower(name, sink, self.info, follow=True, flush_interval=self.flush_interval)
+
+    def _write_run_file(self, options: dict) -> None:
+        data = {
+            "project": self.info.project,
+            "name": self.info.name,
+            "run_id": self.info.run_id,
+            "config": dict(self.info.config),
+            "tags": list(self.info.tags),
+            "flush_interval": self.flush_interval,
+            "sinks": [{"name": n, "backend": n, "options": options.get(n, {})} for n in self._named],
+            "pid": os.getpid(),
+            "started": time.time(),
+        }
+        (self.run_dir / RUN_FILE).write_text(json.dumps(data, indent=1, default=str))
+
+
+def _factory(name: str, options: Mapping[str, Any] | None):
+    from rllog import registry
+
+    return lambda: registry.create(name, dict(options or {}))
+
+
+def load_run_info(run_dir: str | os.PathLike) -> tuple[RunInfo, dict]:
+    """The RunInfo and raw run file of an existing run directory."""
+    run_dir = Path(run_dir).resolve()
+    data = json.loads((run_dir / RUN_FILE).read_text())
+    info = RunInfo(data["project"], data["name"], str(run_dir), data["run_id"], data.get("config", {}), tuple(data.get("tags", ())))
+    return info, data
+
+
+_live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_live_runs() -> None:
+    """Finish runs the user did not finish: ``failed`` after an uncaught exception, else ``finished``."""
+    status = "failed" if getattr(sys, "last_type", None) is not None else "finished"
+    for run in list(_live_runs):
+        try:
+            run.finish(status)
+        except Exception as exc:  # at exit there is no caller left to raise to
+            log.error("rllog: finishing %s at exit failed: %s", run.run_dir, exc)

@@ -1,0 +1,70 @@
+"""The ``MetricSink`` protocol: what a tracker backend implements.
+
+A sink translates rllog records into one tracker's calls, and nothing else: it knows nothing of
+processes, threads, queues, retries, ranks or the journal. The delivery layer
+(:mod:`rllog.delivery`) calls it from one thread, in this order::
+
+    open(run_info) -> write_metrics(batch) / write_table(record) ... -> flush() ... -> close(status)
+
+A sink raises :class:`rllog.errors.RateLimited` (with ``retry_after`` when the tracker says) or
+:class:`rllog.errors.TransientError` for failures worth retrying; the same call is then repeated with
+the same records. Any other exception marks the sink failed; its records stay in the journal for
+``rllog replay``.
+
+Example:
+    >>> class PrintSink:
+    ...     capabilities = Capabilities(tables=False)
+    ...     def open(self, run_info): pass
+    ...     def write_metrics(self, records):
+    ...         for r in records:
+    ...             print(r.step, dict(r.values))
+    ...     def write_table(self, record): pass
+    ...     def flush(self): pass
+    ...     def close(self, status): pass
+    >>> isinstance(PrintSink(), MetricSink)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+from rllog.records import MetricsRecord, RunInfo, TableRecord
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a sink can take besides scalar metrics.
+
+    Attributes:
+        tables: ``write_table`` stores tables (otherwise table records are acknowledged and skipped).
+        config: ``open`` records ``run_info.config`` as the run's hyperparameters.
+        alerts: the sink shows health alerts.
+    """
+
+    tables: bool = True
+    config: bool = True
+    alerts: bool = False
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    """A delivery target for one tracker."""
+
+    capabilities: Capabilities
+
+    def open(self, run_info: RunInfo) -> None:
+        """Start (or resume, using ``run_info.run_id``) the tracker's run and record the config."""
+
+    def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        """Write a batch of metric records, in sequence order."""
+
+    def write_table(self, record: TableRecord) -> None:
+        """Write one table at ``record.step``."""
+
+    def flush(self) -> None:
+        """Make what was written so far durable/visible in the tracker."""
+
+    def close(self, status: str) -> None:
+        """End the tracker's run with ``status``: ``finished``, ``failed`` or ``killed``."""

@@ -1,0 +1,155 @@
+"""Turning what users pass to ``log``/``log_table``/``init(config=...)`` into validated plain data.
+
+All validation happens here, on the caller's thread, so a bad value raises at the call that made it
+(never later inside delivery). Torch is never imported: tensors are recognised by their type's module.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from rllog.errors import InvalidKey, InvalidTable, InvalidValue
+
+RESERVED_TABLE_COLUMNS = ("_step", "_seq")
+# `*token*` but not `tokenizer*`; only string values are redacted (an int `pad_token_id` is no secret).
+SECRET_KEY = re.compile(r"token(?!izer)|api_?key|secret|password|passwd", re.IGNORECASE)
+REDACTED = "***REDACTED***"
+
+
+def is_tensor(value: Any) -> bool:
+    """True for a torch.Tensor (checked without importing torch)."""
+    cls = type(value)
+    return cls.__module__.startswith("torch") and hasattr(value, "numel") and hasattr(value, "detach")
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings with ``/``: ``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
+    if not isinstance(values, Mapping):
+        raise InvalidValue(f"log() takes a dict of metrics, got {type(values).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if not isinstance(key, str) or not key:
+            raise InvalidKey(f"metric names must be non-empty strings, got {key!r}")
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, name + "/"))
+        else:
+            flat[name] = value
+    return flat
+
+
+def to_scalar(key: str, value: Any) -> Any:
+    """Return ``value`` as a Python float, or as a detached one-element tensor (converted later in bulk).
+
+    Raises:
+        InvalidValue: for anything that is not one real number.
+    """
+    cls = type(value)
+    if cls is float:
+        return value
+    if cls is int or cls is bool:
+        return float(value)
+    if is_tensor(value):
+        if value.numel() != 1 or value.is_complex():
+            raise InvalidValue(f"metric {key!r}: a tensor must hold exactly one real number, got shape {tuple(value.shape)}")
+        return value.detach().reshape(())
+    if isinstance(value, numbers.Real):  # numpy floats/ints, Decimal, Fraction
+        return float(value)
+    if cls.__module__ == "numpy":  # np.bool_, 0-d arrays
+        if getattr(value, "size", None) == 1 and getattr(value, "dtype", None) is not None and value.dtype.kind in "biuf":
+            return float(value.item())
+        raise InvalidValue(f"metric {key!r}: numpy value of shape {getattr(value, 'shape', '?')} and dtype {getattr(value, 'dtype', '?')} is not one real number")
+    raise InvalidValue(f"metric {key!r}: expected a real number (int, float, bool, numpy or 0-d torch scalar), got {cls.__name__}: {value!r:.80}")
+
+
+def normalise_metrics(values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """Split validated metrics into Python floats and one-element tensors (``{}`` when none)."""
+    floats: dict[str, float] = {}
+    tensors: dict[str, Any] = {}
+    for key, value in flatten(values).items():
+        scalar = to_scalar(key, value)
+        if type(scalar) is float:
+            floats[key] = scalar
+        else:
+            tensors[key] = scalar
+    return floats, tensors
+
+
+def to_arrow_table(name: str, table: Any) -> pa.Table:
+    """Accept a dict of equal-length columns, a list of row dicts, a ``pyarrow.Table`` or a pandas DataFrame.
+
+    Raises:
+        InvalidTable: ragged columns (naming each column's length), unsupported input, a column whose
+            values mix types pyarrow cannot unify, or a reserved column name.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidKey(f"table names must be non-empty strings, got {name!r}")
+    try:
+        if isinstance(table, pa.Table):
+            result = table
+        elif isinstance(table, Mapping):
+            columns = {str(k): (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in table.items()}
+            lengths = {k: len(v) for k, v in columns.items()}
+            if len(set(lengths.values())) > 1:
+                detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
+                raise InvalidTable(f"table {name!r}: columns have different lengths ({detail})")
+            result = pa.table(columns)
+        elif isinstance(table, list) and all(isinstance(row, Mapping) for row in table):
+            result = pa.Table.from_pylist([{str(k): v for k, v in row.items()} for row in table])
+        elif type(table).__name__ == "DataFrame" and hasattr(table, "to_dict"):
+            result = pa.Table.from_pandas(table, preserve_index=False)
+        else:
+            raise InvalidTable(f"table {name!r}: expected a dict of columns, a list of row dicts, a pyarrow.Table or a pandas DataFrame, got {type(table).__name__}")
+    except InvalidTable:
+        raise
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        raise InvalidTable(f"table {name!r}: a column mixes values of incompatible types or holds unsupported objects: {exc}") from exc
+    if result.num_columns == 0:
+        raise InvalidTable(f"table {name!r} has no columns")
+    reserved = [c for c in result.column_names if c in RESERVED_TABLE_COLUMNS]
+    if reserved:
+        raise InvalidTable(f"table {name!r}: column names {reserved} are reserved by rllog")
+    if len(set(result.column_names)) != result.num_columns:
+        raise InvalidTable(f"table {name!r}: duplicate column names {result.column_names}")
+    return result
+
+
+def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten a config (dict, dataclass such as ``TrainingArguments``, or object with ``to_dict``) with ``/``.
+
+    Values are kept when they are JSON scalars, otherwise stringified. Values of keys that look like
+    secrets (``*token*`` except ``tokenizer*``, ``*api_key*``, ``*secret*``, ``*password*``) are replaced by
+    ``***REDACTED***`` when they are non-empty strings.
+    """
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        if hasattr(config, "to_dict"):
+            config = config.to_dict()
+        elif hasattr(config, "__dataclass_fields__"):
+            import dataclasses
+
+            config = dataclasses.asdict(config)
+        elif hasattr(config, "__dict__"):
+            config = {k: v for k, v in vars(config).items() if not k.startswith("_")}
+        else:
+            raise InvalidValue(f"config must be a dict, a dataclass or an object with to_dict(), got {type(config).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_config(value, name + "/"))
+        elif isinstance(value, str) and value and SECRET_KEY.search(str(key)):
+            flat[name] = REDACTED
+        elif value is None or isinstance(value, (bool, int, str)):
+            flat[name] = value
+        elif isinstance(value, float):
+            flat[name] = value if math.isfinite(value) else str(value)
+        else:
+            flat[name] = str(value)
+    return flat

@@ -1,0 +1,79 @@
+"""Shared test set-up: every tracker offline and writing under the test's tmp dir; no network.
+
+The network guard is an audit hook: any ``socket.connect`` to an address outside loopback fails the
+test that made it (comet_ml's cloud-metadata probe included), so a test can never reach out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OFFLINE = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_DISABLE_GIT": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "COMET_START_ONLINE": "false",
+    "COMET_DISABLE_AUTO_LOGGING": "1",
+    "COMET_ERROR_TRACKING_ENABLE": "false",
+    "COMET_AUTO_LOG_ENV_HOST": "false",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+for _k, _v in OFFLINE.items():  # before any tracker is imported by a test module
+    os.environ.setdefault(_k, _v)
+for _k in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "WANDB_API_KEY", "COMET_API_KEY"):
+    os.environ.pop(_k, None)
+
+NETGUARD = ROOT / "tests" / "netguard"
+NETGUARD_LOG = ROOT / ".pytest_netguard.log"
+os.environ["RLLOG_NETGUARD_LOG"] = str(NETGUARD_LOG)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(NETGUARD), str(ROOT), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(NETGUARD))
+import rllog_netguard  # noqa: E402,F401  (installs the audit hook in this process too)
+
+
+@pytest.fixture(autouse=True)
+def no_network():
+    """Fail any test that tried (in this process or a child) to connect to a non-loopback address."""
+    before = NETGUARD_LOG.read_text() if NETGUARD_LOG.exists() else ""
+    yield
+    after = NETGUARD_LOG.read_text() if NETGUARD_LOG.exists() else ""
+    attempts = after[len(before):]
+    assert not attempts, f"test tried to reach the network: {attempts}"
+
+
+@pytest.fixture(autouse=True)
+def tracker_dirs(tmp_path, monkeypatch):
+    """Point every tracker's storage into this test's tmp dir."""
+    dirs = {
+        "WANDB_DIR": tmp_path / "wandb_dir",
+        "WANDB_CACHE_DIR": tmp_path / "wandb_cache",
+        "WANDB_DATA_DIR": tmp_path / "wandb_data",
+        "WANDB_CONFIG_DIR": tmp_path / "wandb_config",
+        "TRACKIO_DIR": tmp_path / "trackio",
+        "COMET_OFFLINE_DIRECTORY": tmp_path / "comet",
+        "TENSORBOARD_LOGGING_DIR": tmp_path / "tensorboard",
+        "RLLOG_DIR": tmp_path / "rllog_runs",
+    }
+    for key, path in dirs.items():
+        path.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(key, str(path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_ARTIFACT_ROOT", str(tmp_path / "mlartifacts"))
+    try:
+        import comet_ml.experiment  # only patched where a test already imported comet_ml
+
+        monkeypatch.setattr(comet_ml.experiment, "get_env_cloud_details", lambda *a, **k: None)
+    except Exception:
+        pass
+    yield {k: str(v) for k, v in dirs.items()} | {"MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"], "tmp": str(tmp_path)}
