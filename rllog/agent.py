@@ -54,7 +54,7 @@ def stop_agent(proc: subprocess.Popen, deadline: float) -> bool:
 def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | None = None, orphan_timeout: float = 600.0, on_progress=None) -> int:
     """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed."""
     from rllog import registry
-    from rllog.delivery import CLOSED, Follower
+    from rllog.delivery import CLOSED, Follower, RetryPolicy
     from rllog.run import load_run_info
 
     info, data = load_run_info(run_dir)
@@ -78,6 +78,7 @@ def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | 
             follow=follow,
             writer_gone=parent_gone,
             flush_interval=float(data.get("flush_interval", 1.0)),
+            retry=RetryPolicy(**data.get("retry", {})),
             on_progress=(lambda seq, name=spec["name"]: on_progress(name, seq)) if on_progress else None,
         )
         followers.append(follower.start())

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rllog import journal as journal_mod
-from rllog.delivery import CLOSED, Follower
+from rllog.delivery import CLOSED, Follower, RetryPolicy
 from rllog.errors import InvalidStep, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
 from rllog.records import STATUSES, RunInfo, TableRecord
@@ -118,6 +118,7 @@ class Run:
         flush_interval: float = 1.0,
         delivery: str = "process",
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
+        retry: RetryPolicy | None = None,
     ):
         if delivery not in ("process", "thread"):
             raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
@@ -135,6 +136,7 @@ class Run:
         self.info = RunInfo(project, name, str(self.run_dir), run_id, flatten_config(config), tuple(tags))
         self.flush_interval = flush_interval
         self.delivery = delivery
+        self.retry = retry or RetryPolicy()
         options = {k: dict(v) for k, v in (backend_options or {}).items()}
         # Names go to the agent process (or to threads); sink objects are always delivered in-process.
         self._named = [s for s in selected if isinstance(s, str)]
@@ -268,7 +270,7 @@ class Run:
         return names
 
     def _follower(self, name: str, sink) -> Follower:
-        return Follower(name, sink, self.info, follow=True, flush_interval=self.flush_interval)
+        return Follower(name, sink, self.info, follow=True, flush_interval=self.flush_interval, retry=self.retry)
 
     def _write_run_file(self, options: dict) -> None:
         data = {
@@ -278,6 +280,7 @@ class Run:
             "config": dict(self.info.config),
             "tags": list(self.info.tags),
             "flush_interval": self.flush_interval,
+            "retry": {"base": self.retry.base, "cap": self.retry.cap, "give_up_after": self.retry.give_up_after},
             "sinks": [{"name": n, "backend": n, "options": options.get(n, {})} for n in self._named],
             "pid": os.getpid(),
             "started": time.time(),

@@ -1,0 +1,134 @@
+"""The ``rllog`` command: ``backends``, ``show``, ``plot``, ``replay``, ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console()
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    return f"{value:.6g}"
+
+
+def cmd_backends(args) -> int:
+    from rllog.registry import ALIASES, BUILTIN, backends
+
+    table = Table(title="rllog backends")
+    for col in ("name", "source", "installed", "install with"):
+        table.add_column(col)
+    found = backends()
+    for name, b in {**BUILTIN, **found}.items():
+        aliases = [a for a, target in ALIASES.items() if target == name]
+        label = name + (f" (alias: {', '.join(aliases)})" if aliases else "")
+        available = name in found and b.installed
+        table.add_row(label, b.source, "yes" if available else "no", escape(f"pip install 'rllog[{b.extra}]'") if b.extra and not available else "")
+    console.print(table)
+    return 0
+
+
+def cmd_show(args) -> int:
+    from rllog.run import load_run_info, report
+    from rllog.summary import summarise
+
+    info, _ = load_run_info(args.run_dir)
+    s = summarise(args.run_dir)
+    steps = f"{min(s.steps)}..{max(s.steps)} ({len(s.steps)} distinct)" if s.steps else "none"
+    console.print(f"[bold]{info.project} / {info.name}[/bold]  run_id={info.run_id}  status={s.status or 'running or killed'}")
+    console.print(f"{args.run_dir}\nrecords: {s.records}   steps: {steps}")
+    table = Table(title="metrics")
+    table.add_column("metric", overflow="fold")
+    for col in ("last", "min", "max", "count"):
+        table.add_column(col, justify="right")
+    for key in sorted(s.metrics):
+        m = s.metrics[key]
+        extra = f" ({m.non_finite} NaN/inf)" if m.non_finite else ""
+        table.add_row(key, _fmt(m.last), _fmt(m.min) if m.min != math.inf else "-", _fmt(m.max) if m.max != -math.inf else "-", f"{m.count}{extra}")
+    console.print(table)
+    for name, (n, rows) in sorted(s.tables.items()):
+        console.print(f"table [bold]{name}[/bold]: logged {n} times, {rows} rows")
+    for r in report(args.run_dir).values():
+        colour = {"delivered": "green", "pending": "yellow", "failed": "red"}[r.state]
+        console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] ({r.delivered} delivered, {r.pending} pending){': ' + r.error if r.error else ''}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from rllog.plot import plot_run
+
+    out = plot_run(args.run_dir, args.output, args.metrics.split(",") if args.metrics else None)
+    console.print(f"wrote {out}")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from rllog import journal
+    from rllog.agent import serve
+    from rllog.registry import resolve
+    from rllog.run import report
+
+    names = [resolve(n).name if n.lower() not in {"parquet"} else n for n in args.to.split(",") if n.strip()]
+    total = journal.last_seq(args.run_dir)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console) as progress:
+        tasks = {n: progress.add_task(f"replay to {n}", total=total) for n in names}
+        before = report(args.run_dir, names)
+        for n in names:
+            progress.update(tasks[n], completed=before[n].delivered)
+        failed = serve(args.run_dir, follow=False, parent_pid=None, only=names, on_progress=lambda n, seq: progress.update(tasks[n], completed=seq))
+    after = report(args.run_dir, names)
+    for n in names:
+        r = after[n]
+        sent = r.delivered - before[n].delivered
+        console.print(f"{n}: delivered {sent} new records ({r.delivered}/{total} in all), state {r.state}{': ' + r.error if r.error else ''}")
+    return 1 if failed else 0
+
+
+def cmd_demo(args) -> int:
+    from rllog.demo import run_demo
+
+    return run_demo(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rllog", description="rllog: one logging call site, every tracker, nothing lost.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("backends", help="list built-in and entry-point backends, installed or not").set_defaults(func=cmd_backends)
+    p = sub.add_parser("show", help="summarise a run: steps, per metric last/min/max, tables, delivery state")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("plot", help="plot a run's metrics to a PNG")
+    p.add_argument("run_dir")
+    p.add_argument("-o", "--output", default=None, help="PNG path (default RUN_DIR/metrics.png)")
+    p.add_argument("--metrics", default=None, help="comma-separated metric names (default: the crucial ones present)")
+    p.set_defaults(func=cmd_plot)
+    p = sub.add_parser("replay", help="deliver a run's journal to backends from each one's cursor")
+    p.add_argument("run_dir")
+    p.add_argument("--to", required=True, help="backend names, comma-separated")
+    p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("demo", help="a tiny GRPO-shaped run written to the embedded default, then show and plot")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--run-dir", default=None)
+    p.add_argument("--report-to", default=None)
+    p.add_argument("--simulate", action="store_true", help="simulated metrics instead of a real tiny TRL run")
+    p.set_defaults(func=cmd_demo)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except FileNotFoundError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

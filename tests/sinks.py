@@ -1,0 +1,88 @@
+"""Sinks for fault injection and for observing delivery order in tests (never to prove a tracker works)."""
+
+from __future__ import annotations
+
+import threading
+
+from rllog.errors import RateLimited, TransientError
+from rllog.sink import Capabilities
+
+
+class MemorySink:
+    """Keeps what it is given, in memory."""
+
+    capabilities = Capabilities(tables=True)
+
+    def __init__(self, name: str | None = None):
+        if name:
+            self.name = name
+        self.metrics: list = []
+        self.tables: list = []
+        self.opened = None
+        self.closed_with = None
+        self.flushes = 0
+        self.received = threading.Condition()
+
+    def open(self, run_info):
+        self.opened = run_info
+
+    def write_metrics(self, records):
+        with self.received:
+            self.metrics.extend(records)
+            self.received.notify_all()
+
+    def write_table(self, record):
+        self.tables.append(record)
+
+    def flush(self):
+        self.flushes += 1
+
+    def close(self, status):
+        self.closed_with = status
+
+    def wait_for(self, n: int, timeout: float = 30.0) -> bool:
+        with self.received:
+            return self.received.wait_for(lambda: len(self.metrics) >= n, timeout)
+
+    @property
+    def seqs(self) -> list[int]:
+        return [r.seq for r in self.metrics]
+
+
+class BlockingSink(MemorySink):
+    """Blocks in write_metrics until ``release`` is set."""
+
+    def __init__(self, name: str | None = None):
+        super().__init__(name)
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def write_metrics(self, records):
+        self.entered.set()
+        self.release.wait()
+        super().write_metrics(records)
+
+
+class FlakySink(MemorySink):
+    """Raises ``errors`` (in order) on the first calls to write_metrics, then works."""
+
+    def __init__(self, errors, name: str | None = None):
+        super().__init__(name)
+        self.errors = list(errors)
+        self.attempts = 0
+
+    def write_metrics(self, records):
+        self.attempts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        super().write_metrics(records)
+
+
+class CrashingSink(MemorySink):
+    """Raises on every write."""
+
+    def write_metrics(self, records):
+        raise RuntimeError("tracker exploded")
+
+
+__all__ = ["MemorySink", "BlockingSink", "FlakySink", "CrashingSink", "RateLimited", "TransientError"]
