@@ -21,16 +21,15 @@ def _fmt(value: float) -> str:
 
 
 def cmd_backends(args) -> int:
-    from rllog.registry import ALIASES, BUILTIN, backends
+    from rllog.registry import ALIASES, backends
 
     table = Table(title="rllog backends")
     for col in ("name", "source", "installed", "install with"):
         table.add_column(col)
-    found = backends()
-    for name, b in {**BUILTIN, **found}.items():
+    for name, b in backends().items():
         aliases = [a for a, target in ALIASES.items() if target == name]
         label = name + (f" (alias: {', '.join(aliases)})" if aliases else "")
-        available = name in found and b.installed
+        available = b.installed
         table.add_row(label, b.source, "yes" if available else "no", escape(f"pip install 'rllog[{b.extra}]'") if b.extra and not available else "")
     console.print(table)
     return 0

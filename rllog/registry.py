@@ -66,14 +66,9 @@ ALIASES = {"comet": "comet_ml", "tb": "tensorboard"}
 NOT_IN_ALL = {"console"}
 
 
-def _builtin_available(backend: Backend) -> bool:
-    module = backend.target.partition(":")[0]
-    return importlib.util.find_spec(module) is not None
-
-
 def backends() -> dict[str, Backend]:
     """Every known backend, built-in first, then entry points (an entry point may not shadow a built-in)."""
-    found = {name: b for name, b in BUILTIN.items() if _builtin_available(b)}
+    found = dict(BUILTIN)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in found:
             found[ep.name] = Backend(ep.name, ep.value, source=f"entry point ({ep.dist.name if ep.dist else '?'})")

@@ -1,0 +1,178 @@
+"""Delivery: isolation between sinks, retries, cursors and locks, the agent process, finish reports, replay."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import rllog
+from rllog.cli import main as cli_main
+from rllog.delivery import CursorStore, RetryPolicy, parse_retry_after
+from rllog.errors import RateLimited, SinkBusy, TransientError
+from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink
+
+FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
+
+
+def wait_until(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_blocked_sink_delays_neither_log_calls_nor_other_sinks(tmp_path):
+    blocked, healthy = BlockingSink("blocked"), MemorySink("healthy")
+    run = rllog.init(report_to=[blocked, healthy], run_dir=tmp_path / "r", flush_interval=0.05)
+    for i in range(1000):
+        run.log({"i": float(i)})
+    # all 1000 calls returned while the blocked sink has not accepted a single record
+    assert blocked.metrics == []
+    assert healthy.wait_for(1000)
+    assert healthy.seqs == list(range(1, 1001))
+    assert blocked.entered.is_set() and blocked.metrics == []
+    blocked.release.set()
+    report = run.finish(timeout=60)
+    assert report.ok
+    assert blocked.seqs == list(range(1, 1001))
+
+
+def test_transient_failures_are_retried_and_every_record_arrives_once(tmp_path):
+    flaky = FlakySink([TransientError("503"), RateLimited(0.01)], name="flaky")
+    run = rllog.init(report_to=[flaky], run_dir=tmp_path / "r", flush_interval=0.05, retry=FAST)
+    for i in range(300):
+        run.log({"i": float(i)})
+    assert run.finish(timeout=60).ok
+    assert flaky.attempts >= 3
+    assert flaky.seqs == list(range(1, 301))  # exactly once each, in order
+
+
+def test_crashing_sink_is_reported_failed_and_others_go_on(tmp_path):
+    crash, healthy = CrashingSink("crash"), MemorySink("healthy")
+    run = rllog.init(report_to=[crash, healthy], run_dir=tmp_path / "r", flush_interval=0.05)
+    for i in range(50):
+        run.log({"i": float(i)})
+    report = run.finish(timeout=30)
+    assert report["healthy"].state == "delivered" and report["healthy"].delivered == 50
+    assert report["crash"].state == "failed" and report["crash"].pending == 50
+    assert "tracker exploded" in report["crash"].error
+    assert healthy.seqs == list(range(1, 51))
+
+
+def test_hung_sink_is_abandoned_at_the_deadline_and_reported_pending(tmp_path):
+    hung, healthy = BlockingSink("hung"), MemorySink("healthy")
+    run = rllog.init(report_to=[hung, healthy], run_dir=tmp_path / "r", flush_interval=0.05)
+    for i in range(20):
+        run.log({"i": float(i)})
+    report = run.finish(timeout=2)
+    assert report["healthy"].state == "delivered"
+    assert report["hung"].state == "pending" and report["hung"].pending == 20 and report["hung"].delivered == 0
+    assert not report.ok
+    hung.release.set()
+
+
+def test_retry_policy_schedule_with_injected_random():
+    draws = iter([1.0 - 1e-12, 0.5, 0.0, 1.0 - 1e-12, 1.0 - 1e-12])
+    policy = RetryPolicy(base=0.5, cap=4.0, random=lambda: next(draws))
+    err = TransientError("x")
+    delays = [policy.delay(a, err) for a in range(5)]
+    assert delays[0] == pytest.approx(0.5) and delays[1] == pytest.approx(0.5) and delays[2] == 0.0
+    assert delays[3] == pytest.approx(4.0) and delays[4] == pytest.approx(4.0)  # capped (0.5 * 2**4 = 8 > 4)
+    assert policy.delay(7, RateLimited(12.5)) == 12.5  # Retry-After wins
+    assert parse_retry_after("120") == 120.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == pytest.approx(10.0)
+    assert parse_retry_after("garbage") is None and parse_retry_after(None) is None
+
+
+def test_give_up_deadline_leaves_records_pending(tmp_path):
+    class DownSink(MemorySink):
+        def write_metrics(self, records):
+            raise TransientError("connection refused")
+
+    run = rllog.init(report_to=[DownSink("down")], run_dir=tmp_path / "r", flush_interval=0.05, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3))
+    for i in range(10):
+        run.log({"i": float(i)})
+    report = run.finish(timeout=30)
+    assert report["down"].state == "failed" and report["down"].pending == 10
+    assert "connection refused" in report["down"].error
+    saved = json.loads((tmp_path / "r" / "delivery" / "down.json").read_text())
+    assert saved["state"] == "gave_up" and saved["seq"] == 0
+
+
+def test_cursor_lock_keeps_a_second_deliverer_out(tmp_path):
+    first, second = CursorStore(tmp_path, "wandb"), CursorStore(tmp_path, "wandb")
+    first.acquire()
+    with pytest.raises(SinkBusy):
+        second.acquire()
+    first.release()
+    second.acquire()
+    second.release()
+
+
+def test_agent_process_delivers_and_finish_reports(tmp_path):
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=0.1)
+    assert run._agent is not None and run._agent.poll() is None  # a separate process
+    for i in range(200):
+        run.log({"i": float(i)}, step=i)
+    report = run.finish(timeout=60)
+    assert report.ok and report["parquet"].delivered == 200
+    assert run._agent.returncode == 0
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
+
+
+def test_parquet_data_is_visible_during_the_run(tmp_path):
+    run = rllog.init(run_dir=tmp_path / "r", flush_interval=0.1)
+    run.log({"reward": 0.5}, step=1)
+    assert wait_until(lambda: rllog.read_metrics(tmp_path / "r").num_rows == 1, timeout=30)
+    run.log({"reward": 0.6}, step=2)
+    assert wait_until(lambda: rllog.read_metrics(tmp_path / "r").num_rows == 2, timeout=30)
+    run.finish()
+
+
+TRAINER = r"""
+import sys, time, rllog
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1)
+for i in range(200):
+    run.log({"i": float(i)}, step=i)
+run.log_table("completions", {"prompt": ["p"], "completion": ["c"]})
+time.sleep(0.5)
+print("logged", flush=True)
+time.sleep(600)
+"""
+
+
+def test_trainer_killed_with_sigkill_still_has_its_records_delivered(tmp_path):
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "logged"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    meta = run_dir / "parquet" / "run.json"
+    assert wait_until(lambda: meta.exists() and json.loads(meta.read_text())["status"] == "killed", timeout=60)
+    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(200)]
+    assert rllog.read_table(run_dir, "completions").column("_step").to_pylist() == [199]
+
+
+def test_replay_delivers_to_a_new_backend_and_twice_delivers_nothing_twice(tmp_path, capsys):
+    run = rllog.init(report_to="none", run_dir=tmp_path / "r")
+    for i in range(30):
+        run.log({"i": float(i)})
+    run.log_table("completions", {"a": [1, 2]})
+    run.finish()
+    assert not (tmp_path / "r" / "parquet").exists()
+    assert cli_main(["replay", str(tmp_path / "r"), "--to", "parquet"]) == 0
+    assert "delivered 31 new records" in capsys.readouterr().out
+    assert rllog.read_metrics(tmp_path / "r").num_rows == 30
+    assert cli_main(["replay", str(tmp_path / "r"), "--to", "parquet"]) == 0
+    assert "delivered 0 new records" in capsys.readouterr().out
+    assert rllog.read_metrics(tmp_path / "r").num_rows == 30
+    assert rllog.read_table(tmp_path / "r", "completions").num_rows == 2
+    assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["status"] == "finished"

@@ -1,0 +1,135 @@
+"""The journal: read from any seq, followed while it grows, torn tails skipped, SIGKILL loses nothing old."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+
+from rllog import journal
+from rllog.journal import End, JournalReader, JournalWriter, PendingMetrics, read_all
+from rllog.records import MetricsRecord, TableRecord
+
+
+def write_records(run_dir, n, status="finished", flush_interval=0.05):
+    w = JournalWriter(run_dir, flush_interval)
+    for i in range(1, n + 1):
+        if i % 10 == 0:
+            w.append(TableRecord(i, i, float(i), "t", pa.table({"i": [i]})))
+        else:
+            w.append(PendingMetrics(i, i, float(i), {"v": float(i)}))
+    w.close(status)
+    return w
+
+
+def test_reads_from_any_sequence_number(tmp_path):
+    write_records(tmp_path, 50)
+    items = list(read_all(tmp_path))
+    assert [r.seq for r in items if not isinstance(r, End)] == list(range(1, 51))
+    assert items[-1] == End("finished", items[-1].time)
+    assert isinstance(items[9], TableRecord) and items[9].table.column("i").to_pylist() == [10]
+    assert [r.seq for r in read_all(tmp_path, after_seq=37) if not isinstance(r, End)] == list(range(38, 51))
+    assert journal.last_seq(tmp_path) == 50
+
+
+def test_segments_rotate_and_reading_crosses_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(journal, "SEGMENT_BYTES", 300)
+    w = JournalWriter(tmp_path, 0.01)
+    for i in range(1, 101):
+        w.append(PendingMetrics(i, i, 0.0, {"v": float(i)}))
+        if i % 7 == 0:
+            time.sleep(0.03)  # several writes, so several segments
+    w.close("finished")
+    assert len(list((tmp_path / "journal").glob("*.rlj"))) > 3
+    assert [r.seq for r in read_all(tmp_path, after_seq=55) if not isinstance(r, End)] == list(range(56, 101))
+
+
+def test_follows_a_growing_journal(tmp_path):
+    w = JournalWriter(tmp_path, 0.02)
+    reader = JournalReader(tmp_path)
+    seen = []
+    for i in range(1, 31):
+        w.append(PendingMetrics(i, i, 0.0, {"v": float(i)}))
+        if i % 10 == 0:
+            deadline = time.monotonic() + 10
+            while len(seen) < i and time.monotonic() < deadline:
+                seen += [r.seq for r in reader.read(100)]
+                time.sleep(0.01)
+            assert seen == list(range(1, i + 1))
+    w.close("failed")
+    tail = []
+    deadline = time.monotonic() + 10
+    while not tail and time.monotonic() < deadline:
+        tail = reader.read(100)
+    assert tail == [End("failed", tail[0].time)]
+
+
+def test_torn_tail_is_skipped_with_a_warning(tmp_path, caplog):
+    write_records(tmp_path, 20, status="finished")
+    seg = next((tmp_path / "journal").glob("*.rlj"))
+    data = seg.read_bytes()
+    end_frame_len = len(data) - data.rfind(journal.MAGIC + bytes([journal.KIND_END]))
+    # cut the end marker and half of the last record: a process killed mid-write
+    last = journal.encode_metrics(20, 20, 20.0, {"v": 20.0})
+    seg.write_bytes(data[: len(data) - end_frame_len - len(last) // 2])
+    reader = JournalReader(tmp_path)
+    assert [r.seq for r in reader.read(100)] == list(range(1, 20))  # still waiting: a writer may finish it
+    with caplog.at_level(logging.WARNING, logger="rllog.journal"):
+        assert reader.read(100, final=True) == []
+    assert "torn" in caplog.text
+    # a resumed writer starts a new segment after the torn one; readers go on past the tear
+    w = JournalWriter(tmp_path, 0.01, next_seq=20)
+    w.append(PendingMetrics(20, 20, 0.0, {"v": 20.5}))
+    w.close("finished")
+    values = [r.values["v"] for r in read_all(tmp_path) if isinstance(r, MetricsRecord)]
+    assert values[-2:] == [19.0, 20.5] and len(values) == 19  # 1..19 less the table at 10, then the new 20
+
+
+def test_corrupt_frame_is_not_fatal(tmp_path, caplog):
+    write_records(tmp_path, 5)
+    seg = next((tmp_path / "journal").glob("*.rlj"))
+    data = bytearray(seg.read_bytes())
+    data[-40] ^= 0xFF  # flip a byte inside the last frames
+    seg.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="rllog.journal"):
+        seqs = [r.seq for r in read_all(tmp_path) if not isinstance(r, End)]
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 3
+
+
+CHILD = r"""
+import sys, time, rllog
+run = rllog.init(report_to="none", run_dir=sys.argv[1], flush_interval=0.2)
+i = 0
+while True:
+    i += 1
+    run.log({"i": float(i)}, step=i)
+    print(i, time.time(), flush=True)
+    time.sleep(0.002)
+"""
+
+
+def test_sigkill_loses_nothing_older_than_flush_interval(tmp_path):
+    flush_interval = 0.2
+    for trial in range(3):
+        run_dir = tmp_path / f"r{trial}"
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+        logged = []
+        target = 150 + 97 * trial
+        for line in proc.stdout:
+            seq, t = line.split()
+            logged.append((int(seq), float(t)))
+            if len(logged) >= target:
+                break
+        kill_time = time.time()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        found = {r.seq for r in read_all(run_dir) if isinstance(r, MetricsRecord)}
+        must_have = {seq for seq, t in logged if t < kill_time - flush_interval}
+        assert must_have, "the child logged for long enough"
+        assert must_have <= found, sorted(must_have - found)[:10]
+        assert found == set(range(1, max(found) + 1))  # a prefix: nothing in between lost

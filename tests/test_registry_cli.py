@@ -1,0 +1,127 @@
+"""report_to parsing, entry-point backends, and the rllog command."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import rllog
+from rllog import registry
+from rllog.cli import main as cli_main
+from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
+from sinks import MemorySink
+
+
+def test_report_to_forms():
+    assert registry.parse_report_to(None) == ["parquet"]
+    assert registry.parse_report_to("none") == []
+    assert registry.parse_report_to("parquet, none") == ["parquet"]
+    assert registry.parse_report_to(["parquet", "PARQUET"]) == ["parquet"]
+    everything = registry.parse_report_to("all")
+    assert "parquet" in everything and "console" not in everything
+    assert everything == [n for n, b in registry.backends().items() if b.installed and n != "console"]
+    sink = MemorySink()
+    assert registry.parse_report_to([sink, "parquet"]) == [sink, "parquet"]
+    with pytest.raises(InvalidSink):
+        registry.parse_report_to([42])
+
+
+def test_unknown_backend_suggests_a_close_match():
+    with pytest.raises(UnknownBackend, match=r"did you mean 'tensorboard'\?.*Available: .*parquet"):
+        registry.parse_report_to("tensorbord")
+    with pytest.raises(UnknownBackend, match="Available"):
+        rllog.init(report_to="neptune")
+
+
+def test_known_but_missing_backend_names_its_extra(monkeypatch):
+    monkeypatch.setitem(registry.BUILTIN, "wandb", registry.Backend("wandb", "rllog_backends.parquet:ParquetSink", "no_such_module_xyz", "wandb"))
+    with pytest.raises(BackendNotInstalled, match=r"pip install 'rllog\[wandb\]'"):
+        registry.parse_report_to("wandb")
+
+
+def make_entry_point_package(root):
+    """A real installed distribution (dist-info on sys.path) registering backend 'jsonl'."""
+    (root / "rllog_jsonl_sink.py").write_text(textwrap.dedent('''
+        import json, os
+        from rllog.sink import Capabilities
+
+        class JsonlSink:
+            capabilities = Capabilities(tables=False)
+            def __init__(self, filename="metrics.jsonl"):
+                self.filename = filename
+            def open(self, run_info):
+                self.f = open(os.path.join(run_info.run_dir, self.filename), "a")
+            def write_metrics(self, records):
+                for r in records:
+                    self.f.write(json.dumps({"step": r.step, **r.values}) + "\\n")
+            def write_table(self, record):
+                pass
+            def flush(self):
+                self.f.flush()
+            def close(self, status):
+                self.f.write(json.dumps({"status": status}) + "\\n")
+                self.f.close()
+    '''))
+    dist = root / "rllog_jsonl-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rllog-jsonl\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[rllog.backends]\njsonl = rllog_jsonl_sink:JsonlSink\n")
+
+
+def test_entry_point_backend_is_selected_by_name_in_the_agent_process(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    make_entry_point_package(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    assert registry.backends()["jsonl"].source == "entry point (rllog-jsonl)"
+    run = rllog.init(report_to="parquet,jsonl", run_dir=tmp_path / "r", backend_options={"jsonl": {"filename": "out.jsonl"}})
+    run.log({"reward": 0.5}, step=3)
+    run.log({"reward": 0.75}, step=4)
+    assert run.finish(timeout=60).ok
+    lines = (tmp_path / "r" / "out.jsonl").read_text().splitlines()
+    assert lines == ['{"step": 3, "reward": 0.5}', '{"step": 4, "reward": 0.75}', '{"status": "finished"}']
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "rllog.cli", *args], capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
+
+
+def test_cli_backends_lists_builtin_and_entry_points(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    make_entry_point_package(site)
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{__import__('os').environ.get('PYTHONPATH', '')}")
+    out = run_cli("backends").stdout
+    for name in ("parquet", "wandb", "mlflow", "tensorboard", "trackio", "comet_ml", "jsonl"):
+        assert name in out
+    assert "entry point (rllog-jsonl)" in out
+
+
+def test_cli_show_prints_last_min_max(tmp_path):
+    with rllog.init(run_dir=tmp_path / "r") as run:
+        for i, v in enumerate([3.0, -1.0, 7.0, 2.5]):
+            run.log({"reward": v, "loss": float("nan") if i == 1 else 0.1})
+        run.log_table("completions", {"a": [1, 2, 3]})
+    out = run_cli("show", str(tmp_path / "r")).stdout
+    reward = next(line for line in out.splitlines() if "reward" in line)
+    assert [c.strip() for c in reward.strip("│┃ ").split("│")] == ["reward", "2.5", "-1", "7", "4"]
+    loss = next(line for line in out.splitlines() if " loss" in line)
+    assert "1 NaN/inf" in loss
+    assert "steps: 0..3 (4 distinct)" in out
+    assert "completions: logged 1 times, 3 rows" in out
+    assert "parquet" in out and "delivered" in out
+
+
+def test_demo_simulated_writes_parquet_and_a_plot(tmp_path):
+    proc = run_cli("demo", "--simulate", "--steps", "12", "--run-dir", str(tmp_path / "demo"))
+    assert proc.returncode == 0, proc.stderr
+    metrics = rllog.read_metrics(tmp_path / "demo")
+    assert len(set(metrics.column("key").to_pylist())) >= 27
+    assert sorted(set(metrics.column("step").to_pylist())) == list(range(12))
+    assert rllog.read_table(tmp_path / "demo", "completions").num_rows == 8
+    png = (tmp_path / "demo" / "metrics.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
