@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from types import SimpleNamespace
+from typing import Any
 
 import rllog
 
@@ -54,11 +55,92 @@ def run_demo(args: SimpleNamespace) -> int:
         simulate(run, args.steps)
         report = run.finish()
     else:
-        from rllog.integrations.tiny_grpo import train_tiny_grpo
-
         run_dir, report = train_tiny_grpo(steps=args.steps, report_to=args.report_to or "parquet", run_dir=args.run_dir)
         run = SimpleNamespace(run_dir=run_dir)
     cli.console.print(f"\n[bold]delivery:[/bold]\n{report}\n")
     cli.cmd_show(SimpleNamespace(run_dir=str(run.run_dir)))
     cli.cmd_plot(SimpleNamespace(run_dir=str(run.run_dir), output=None, metrics=None))
     return 0 if report.ok else 1
+
+
+# --- the real tiny GRPO run ---------------------------------------------------------------------
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+PROMPTS = [f"What is {a} plus {b}?" for a in range(1, 9) for b in range(1, 5)]
+
+
+def build_tiny_model(directory: str) -> str:
+    """Build and save a tiny random Qwen2 model with a ByteLevel BPE tokenizer (no hub, a few seconds)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<pad>", "<|im_end|>", "<|im_start|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = PROMPTS + ["The answer is 12.", "user", "assistant", "0123456789 plus minus equals"] * 4
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token=None, padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    import torch
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def reward_has_digit(completions, log_metric=None, log_extra=None, **kwargs):
+    """1.0 for a completion with a digit in it; logs its own metric and an extra column."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    rewards = [1.0 if any(ch.isdigit() for ch in t) else 0.0 for t in texts]
+    if log_metric is not None:
+        log_metric("digits/fraction", sum(rewards) / len(rewards))
+    if log_extra is not None:
+        log_extra("n_chars", [len(t) for t in texts])
+    return rewards
+
+
+def reward_short(completions, **kwargs):
+    """Prefers short completions."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [1.0 / (1.0 + len(t)) for t in texts]
+
+
+def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, **config_overrides: Any):
+    """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rllog.integrations.trl import RLLogMixin
+
+    class Trainer(RLLogMixin, GRPOTrainer):
+        pass
+
+    settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                    max_steps=steps, logging_steps=1, report_to=report_to, log_completions=True, num_completions_to_print=0,
+                    beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False, dataloader_num_workers=0)
+    settings.update(config_overrides)
+    dataset = Dataset.from_dict({"prompt": PROMPTS})
+    return Trainer(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings), train_dataset=dataset,
+                   rllog_options=rllog_options)
+
+
+def train_tiny_grpo(steps: int = 40, report_to: Any = "parquet", run_dir: str | None = None):
+    """Train the tiny model with GRPO for ``steps`` steps, logging through rllog; returns (run_dir, report)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(f"{tmp}/model")
+        names = [n for n in (report_to or "parquet").split(",") if n]
+        options = {"project": "rllog-demo", "name": "tiny-grpo", "run_dir": run_dir}
+        trainer = make_grpo_trainer(model_dir, f"{tmp}/out", steps, report_to=names, rllog_options=options)
+        trainer.train()
+        report = trainer.rllog_run.finish()
+        return trainer.rllog_run.run_dir, report

@@ -1,0 +1,80 @@
+"""TRL GRPO/RLOO with the rllog mixin, and the HF Trainer callback: a real tiny model trained on the CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("trl")
+
+import rllog  # noqa: E402
+from rllog.demo import build_tiny_model, make_grpo_trainer  # noqa: E402
+
+GRPO_KEYS = {
+    "loss", "grad_norm", "learning_rate", "num_tokens", "completions/mean_length", "completions/min_length",
+    "completions/max_length", "completions/clipped_ratio", "rewards/reward_has_digit/mean", "rewards/reward_has_digit/std",
+    "rewards/reward_short/mean", "rewards/reward_short/std", "reward", "reward_std", "frac_reward_zero_std", "entropy",
+    "kl", "clip_ratio/region_mean", "step_time", "epoch",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def metric_series(run_dir):
+    out = {}
+    for row in rllog.read_metrics(run_dir).to_pylist():
+        out.setdefault(row["key"], []).append((row["step"], row["value"]))
+    return out
+
+
+def test_grpo_with_mixin_logs_metrics_custom_metric_and_completions(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)})
+    assert trainer.args.report_to == []  # TRL's own table/profiling paths see no tracker
+    trainer.train()
+    assert trainer.rllog_run.finish().ok
+    series = metric_series(run_dir)
+    assert GRPO_KEYS <= set(series)
+    assert [s for s, _ in series["reward"]] == [1, 2, 3]
+    # the values are TRL's own: compare with the trainer's log history
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    assert [v for _, v in series["reward"]] == [h["reward"] for h in history]
+    assert [v for _, v in series["digits/fraction"]] == [h["digits/fraction"] for h in history]  # log_metric
+    assert series["train_runtime"] == [(3, trainer.state.log_history[-1]["train_runtime"])]  # the summary, once
+    table = rllog.read_table(run_dir, "completions")
+    assert sorted(set(table.column("_step").to_pylist())) == [1, 2, 3]
+    assert {"prompt", "completion", "reward_has_digit", "reward_short", "n_chars", "advantage"} <= set(table.column_names)
+    rows = [r for r in table.to_pylist() if r["_step"] == 3]
+    assert len(rows) == 4 and all(r["n_chars"] == len(r["completion"]) for r in rows)  # log_extra column lines up
+    assert all(r["reward_has_digit"] == (1.0 if any(c.isdigit() for c in r["completion"]) else 0.0) for r in rows)
+
+
+def test_mixin_removes_transformers_callbacks_for_the_names_it_serves(tiny_model, tmp_path):
+    from transformers.integrations import TensorBoardCallback
+
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=1, report_to=["tensorboard"], rllog_options={"run_dir": str(tmp_path / "run")})
+    names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
+    assert "TensorBoardCallback" not in names and "RLLogCallback" in names
+    assert not any(isinstance(cb, TensorBoardCallback) for cb in trainer.callback_handler.callbacks)
+    assert trainer.rllog_run.sink_names == ["tensorboard"]
+    trainer.rllog_run.finish()
+
+
+def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from rllog.integrations.transformers import RLLogCallback
+
+    cb = RLLogCallback(run_dir=str(tmp_path / "run"))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    state = TrainerState()
+    state.global_step = 7
+    cb.on_log(args, state, TrainerControl(), logs={"loss": 0.5, "eval_loss": 0.25, "eval_reward": None, "note": "text"})
+    cb.run.finish()
+    series = metric_series(tmp_path / "run")
+    assert series["loss"] == [(7, 0.5)] and series["eval/loss"] == [(7, 0.25)]
+    assert math.isnan(series["eval/reward"][0][1]) and "note" not in series
