@@ -176,3 +176,42 @@ def test_replay_delivers_to_a_new_backend_and_twice_delivers_nothing_twice(tmp_p
     assert rllog.read_metrics(tmp_path / "r").num_rows == 30
     assert rllog.read_table(tmp_path / "r", "completions").num_rows == 2
     assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["status"] == "finished"
+
+
+def test_log_does_no_disk_write_and_no_sink_call_on_the_caller_thread(tmp_path, monkeypatch):
+    import threading
+
+    real_write = os.write
+    writers = []
+
+    def spy_write(fd, data):
+        writers.append(threading.current_thread().name)
+        return real_write(fd, data)
+
+    caller = threading.current_thread().name
+    sink = MemorySink("spy")
+    calls = []
+    original = sink.write_metrics
+    sink.write_metrics = lambda records: (calls.append(threading.current_thread().name), original(records))
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=0.05)
+    monkeypatch.setattr(os, "write", spy_write)
+    for i in range(500):
+        run.log({"i": float(i)})
+        run.log_table("t", {"a": [i]})
+    assert run.finish().ok
+    monkeypatch.undo()
+    assert writers and caller not in writers and set(writers) == {"rllog-journal"}
+    assert calls and caller not in calls and set(calls) == {"rllog-follower-spy"}
+
+
+def test_every_sink_sees_the_same_step_for_a_record(tmp_path):
+    a, b = MemorySink("a"), MemorySink("b")
+    run = rllog.init(report_to=[a, b, "parquet"], run_dir=tmp_path / "r", flush_interval=0.05)
+    for step in [0, 1, 2, 7, 3, 3, 9]:
+        run.log({"x": float(step)}, step=step)
+    run.log({"x": 10.0})
+    assert run.finish().ok
+    expected = [(1, 0), (2, 1), (3, 2), (4, 7), (5, 3), (6, 3), (7, 9), (8, 10)]
+    assert [(r.seq, r.step) for r in a.metrics] == [(r.seq, r.step) for r in b.metrics] == expected
+    parquet = rllog.read_metrics(tmp_path / "r")
+    assert list(zip(parquet.column("seq").to_pylist(), parquet.column("step").to_pylist())) == expected
