@@ -28,13 +28,13 @@ from rllog.errors import (  # noqa: F401  (re-exported)
     UnknownBackend,
 )
 from rllog.records import MetricsRecord, RunInfo, TableRecord  # noqa: F401
-from rllog.run import FinishReport, Run, SinkReport  # noqa: F401
+from rllog.run import FinishReport, NullRun, Run, SinkReport  # noqa: F401
 from rllog.sink import Capabilities, MetricSink  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = ["init", "log", "log_table", "current_run", "read_metrics", "read_table", "Run", "MetricSink", "Capabilities"]
 
-_current: Run | None = None
+_current: Run | NullRun | None = None
 
 
 def init(report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any) -> Run:
@@ -49,9 +49,16 @@ def init(report_to: Any = None, *, project: str = "rllog", name: str | None = No
             ``to_dict()``; flattened with ``/``, secrets redacted.
         **kwargs: ``run_dir``, ``tags``, ``flush_interval`` (default 1.0 s), ``delivery``
             (``"process"``, default, or ``"thread"``), ``backend_options`` (``{"wandb": {...}}``).
+
+    In a multi-process run (``torch.distributed`` initialised, or ``$RANK`` set), call it on every rank:
+    global rank 0 gets the real run; the other ranks get a :class:`NullRun` that validates and takes part
+    in the cross-rank reduction but opens no tracker and writes no file.
     """
     global _current
-    _current = Run(report_to, project=project, name=name, config=config, **kwargs)
+    from rllog.distributed import global_rank
+
+    cls = Run if global_rank() == 0 else NullRun
+    _current = cls(report_to, project=project, name=name, config=config, **kwargs)
     return _current
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from rllog import distributed
 from rllog import journal as journal_mod
 from rllog.delivery import CLOSED, Follower, RetryPolicy
 from rllog.errors import InvalidStep, RunDirError, RunFinished
@@ -97,7 +98,93 @@ def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None) -> F
     return result
 
 
-class Run:
+def _to_host(tensors: dict[str, Any]) -> dict[str, float]:
+    """One-element tensors -> floats with one device-to-host copy."""
+    if not tensors:
+        return {}
+    torch = sys.modules["torch"]
+    flat = torch.stack([t.to(torch.float64) for t in tensors.values()]).tolist()
+    return dict(zip(tensors, map(float, flat)))
+
+
+class _Prepare:
+    """Validation shared by every rank's run object, and the collectives of a multi-process run."""
+
+    _distributed = False
+    _takes_tables = True
+
+    def _prepare_metrics(self, values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+        floats, tensors = normalise_metrics(values)
+        if self._distributed:  # a collective: same call on every rank
+            floats = distributed.reduce_metrics(floats | _to_host(tensors))
+            tensors = {}
+        return floats, tensors
+
+    def _prepare_table(self, name: str, table: Any):
+        arrow = to_arrow_table(name, table)
+        if self._distributed and self._takes_tables:
+            rows = distributed.gather_rows(arrow.to_pylist())
+            arrow = to_arrow_table(name, rows) if rows is not None else None
+        return arrow
+
+
+class NullRun(_Prepare):
+    """What ranks other than global rank 0 get from :func:`rllog.init`: same calls, no trackers, no files.
+
+    It validates like a real run and takes part in the cross-rank reduction, so user code never
+    branches on rank.
+    """
+
+    def __init__(self, report_to: Any = None, **kwargs: Any):
+        self._distributed = distributed.is_distributed()
+        self._takes_tables = _takes_tables(parse_report_to(report_to))
+        self.run_dir = None
+        self.sink_names: list[str] = []
+        self._step = -1
+        self._finished: FinishReport | None = None
+
+    def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        if self._finished is not None:
+            raise RunFinished("this run has finished")
+        self._prepare_metrics(values)
+        self._step = self._step + 1 if step is None else _check_step(step)
+
+    def log_table(self, name: str, table: Any, step: int | None = None) -> None:
+        if self._finished is not None:
+            raise RunFinished("this run has finished")
+        self._prepare_table(name, table)
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
+        self._finished = self._finished or FinishReport()
+        return self._finished
+
+    @property
+    def finished(self) -> bool:
+        return self._finished is not None
+
+    def __enter__(self) -> "NullRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.finish()
+
+
+def _takes_tables(selected: list) -> bool:
+    """Whether any selected sink stores tables (checked from the sink classes; no tracker is imported)."""
+    from rllog import registry
+
+    for item in selected:
+        cls = registry.resolve(item).load() if isinstance(item, str) else item
+        if getattr(getattr(cls, "capabilities", None), "tables", False):
+            return True
+    return False
+
+
+class Run(_Prepare):
     """One training run. Create it with :func:`rllog.init`.
 
     Example:
@@ -123,6 +210,8 @@ class Run:
         if delivery not in ("process", "thread"):
             raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
         selected = parse_report_to(report_to)
+        self._distributed = distributed.is_distributed()
+        self._takes_tables = _takes_tables(selected) if self._distributed else True
         run_id = secrets.token_hex(4)
         name = name or f"run-{run_id}"
         run_dir = Path(run_dir) if run_dir is not None else default_run_dir(name, run_id)
@@ -173,7 +262,7 @@ class Run:
             InvalidStep: a step that is not a non-negative int.
             RunFinished: the run has finished.
         """
-        floats, tensors = normalise_metrics(values)
+        floats, tensors = self._prepare_metrics(values)
         stacked = None
         if tensors:
             torch = sys.modules["torch"]
@@ -197,7 +286,7 @@ class Run:
         Raises:
             InvalidTable: ragged columns (names each column's length) or unsupported input.
         """
-        arrow = to_arrow_table(name, table)
+        arrow = self._prepare_table(name, table)
         if step is not None:
             step = _check_step(step)
         now = time.time()
