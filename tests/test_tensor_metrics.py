@@ -1,0 +1,67 @@
+"""Tensor metrics: kept on their device, copied to the host once per journal flush (counted, not timed)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rllog  # noqa: E402
+from rllog import journal  # noqa: E402
+
+CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
+
+
+@pytest.fixture
+def host_copies(monkeypatch):
+    """Counts every device->host conversion of a tensor (the calls that force a device sync)."""
+    counts = []
+    for name in CONVERSIONS:
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            counts.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    return counts
+
+
+def test_one_host_copy_per_flush_not_per_metric(tmp_path, host_copies):
+    run = rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=30.0)  # one flush: at finish
+    for step in range(50):
+        run.log({f"m{i}": torch.tensor(float(step * 100 + i)) for i in range(10)} | {"host": 1.0}, step=step)
+    assert host_copies == []  # log() itself never syncs
+    run.finish()
+    assert host_copies == ["tolist"]  # 500 tensor values, one transfer
+    values = {}
+    for r in journal.read_all(tmp_path / "r"):
+        if isinstance(r, rllog.MetricsRecord):
+            values.update({(r.step, k): v for k, v in r.values.items()})
+    assert len(values) == 550
+    assert all(values[(s, f"m{i}")] == float(s * 100 + i) for s in range(50) for i in range(10))
+
+
+def test_two_flushes_two_copies(tmp_path, host_copies):
+    run = rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=0.05)
+    for step in range(5):
+        run.log({"loss": torch.tensor(0.5 + step), "acc": torch.tensor(step, dtype=torch.int64)}, step=step)
+    deadline = time.monotonic() + 30
+    while journal.last_seq(tmp_path / "r") < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert host_copies == ["tolist"]
+    run.log({"loss": torch.tensor(9.0)}, step=5)
+    run.finish()
+    assert host_copies == ["tolist", "tolist"]
+
+
+def test_tensor_modified_in_place_after_log_keeps_the_logged_value(tmp_path):
+    run = rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=30.0)
+    total = torch.tensor(1.0)
+    run.log({"total": total}, step=0)
+    total += 41.0  # like Trainer's tr_loss accumulation
+    run.finish()
+    [record] = [r for r in journal.read_all(tmp_path / "r") if isinstance(r, rllog.MetricsRecord)]
+    assert record.values["total"] == 1.0
