@@ -27,12 +27,12 @@ from rllog.errors import (  # noqa: F401  (re-exported)
     TransientError,
     UnknownBackend,
 )
-from rllog.records import MetricsRecord, RunInfo, TableRecord  # noqa: F401
+from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord  # noqa: F401
 from rllog.run import FinishReport, NullRun, Run, SinkReport  # noqa: F401
 from rllog.sink import Capabilities, MetricSink  # noqa: F401
 
 __version__ = "0.1.0"
-__all__ = ["init", "log", "log_table", "current_run", "read_metrics", "read_table", "Run", "MetricSink", "Capabilities"]
+__all__ = ["init", "log", "log_table", "current_run", "read_metrics", "read_table", "read_alerts", "Run", "MetricSink", "Capabilities"]
 
 _current: Run | NullRun | None = None
 
@@ -89,6 +89,14 @@ def read_metrics(run_dir: str | os.PathLike):
 
     table = read_parts(Path(run_dir) / "parquet" / "metrics", "seq")
     return table if table is not None else METRICS_SCHEMA.empty_table()
+
+
+def read_alerts(run_dir: str | os.PathLike):
+    """The health alerts the parquet backend wrote: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
+    from rllog_backends.parquet import ALERTS_SCHEMA, read_parts
+
+    table = read_parts(Path(run_dir) / "parquet" / "alerts", "seq")
+    return table if table is not None else ALERTS_SCHEMA.empty_table()
 
 
 def read_table(run_dir: str | os.PathLike, name: str):

@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.journal import End, JournalReader
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import MetricSink
 
 log = logging.getLogger("rllog.delivery")
@@ -229,11 +229,16 @@ class Follower:
         if not self._ensure_open():
             return False
         takes_tables = getattr(self.sink.capabilities, "tables", False)
+        takes_alerts = getattr(self.sink.capabilities, "alerts", False) and hasattr(self.sink, "write_alert")
         i = 0
         while i < len(records):
-            if isinstance(records[i], TableRecord):
+            if isinstance(records[i], (TableRecord, AlertRecord)):
                 record = records[i]
-                if takes_tables and not self._call(lambda: self.sink.write_table(record)):
+                if isinstance(record, TableRecord):
+                    ok = not takes_tables or self._call(lambda: self.sink.write_table(record))
+                else:
+                    ok = not takes_alerts or self._call(lambda: self.sink.write_alert(record))
+                if not ok:
                     return False
                 i += 1
                 last = record

@@ -5,8 +5,8 @@ Layout: ``RUN_DIR/journal/<first_seq:012d>.rlj`` segments. Each record is one fr
     magic b"RJ" | kind u8 | pad u8 | seq u64 | length u32 | crc32 u32 | payload (length bytes)
 
 Kinds: metrics (JSON ``{"step", "time", "values"}``; NaN/inf as JSON's NaN/Infinity), table (u32 header
-length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), end (JSON ``{"status", "time"}``,
-seq 0). A writer never appends to a segment it did not create, so a torn frame (process killed
+length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), alert (JSON of the
+:class:`AlertRecord` fields), end (JSON ``{"status", "time"}``, seq 0). A writer never appends to a segment it did not create, so a torn frame (process killed
 mid-write) can only be the tail of a segment: readers skip it with a warning and go on.
 
 One background thread per run writes; ``append`` only puts the entry in a deque (no disk wait).
@@ -30,13 +30,13 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from rllog.errors import RunDirError
-from rllog.records import MetricsRecord, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, TableRecord
 
 log = logging.getLogger("rllog.journal")
 
 HEADER = struct.Struct("<2sBxQII")
 MAGIC = b"RJ"
-KIND_METRICS, KIND_TABLE, KIND_END = 1, 2, 3
+KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT = 1, 2, 3, 4
 SEGMENT_BYTES = 64 * 1024 * 1024
 SUFFIX = ".rlj"
 
@@ -85,11 +85,18 @@ def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> b
     return _frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
 
 
+def encode_alert(a: AlertRecord) -> bytes:
+    fields = {"step": a.step, "time": a.time, "rule": a.rule, "metric": a.metric, "value": a.value, "message": a.message, "level": a.level}
+    return _frame(KIND_ALERT, a.seq, json.dumps(fields).encode())
+
+
 def encode_end(status: str, t: float) -> bytes:
     return _frame(KIND_END, 0, json.dumps({"status": status, "time": t}).encode())
 
 
-def _decode(kind: int, seq: int, payload: bytes) -> MetricsRecord | TableRecord | End:
+def _decode(kind: int, seq: int, payload: bytes) -> MetricsRecord | TableRecord | AlertRecord | End:
+    if kind == KIND_ALERT:
+        return AlertRecord(seq=seq, **json.loads(payload))
     if kind == KIND_METRICS:
         data = json.loads(payload)
         return MetricsRecord(seq, data["step"], data["time"], data["values"])
@@ -130,7 +137,7 @@ class JournalWriter:
         next_seq: the sequence number the first appended record has.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, flush_interval: float = 1.0, next_seq: int = 1):
+    def __init__(self, run_dir: str | os.PathLike, flush_interval: float = 1.0, next_seq: int = 1, on_metrics=None):
         self.directory = journal_dir(run_dir)
         self.flush_interval = flush_interval
         self._pending: collections.deque = collections.deque()
@@ -139,6 +146,7 @@ class JournalWriter:
         self._end: tuple[str, float] | None = None
         self.error: BaseException | None = None
         self.written_seq = next_seq - 1
+        self.on_metrics = on_metrics  # called on the writer thread with each batch's metrics, host values filled in
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._fd = self._open_segment(next_seq)
@@ -156,7 +164,7 @@ class JournalWriter:
         self._size = 0
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
 
-    def append(self, entry: PendingMetrics | TableRecord) -> None:
+    def append(self, entry: PendingMetrics | TableRecord | AlertRecord) -> None:
         """Queue one entry; returns at once."""
         self._pending.append(entry)
 
@@ -193,11 +201,14 @@ class JournalWriter:
         if not entries:
             return
         try:
-            _materialise_tensors([e for e in entries if isinstance(e, PendingMetrics)])
+            metrics = [e for e in entries if isinstance(e, PendingMetrics)]
+            _materialise_tensors(metrics)
             chunks = []
             for e in entries:
                 if isinstance(e, PendingMetrics):
                     chunks.append(encode_metrics(e.seq, e.step, e.time, e.values))
+                elif isinstance(e, AlertRecord):
+                    chunks.append(encode_alert(e))
                 else:
                     chunks.append(encode_table(e.seq, e.step, e.time, e.name, e.table))
             self._write(b"".join(chunks), entries[0].seq)
@@ -213,6 +224,11 @@ class JournalWriter:
                 raise
         else:
             self.error = None
+            if self.on_metrics is not None and metrics:
+                try:
+                    self.on_metrics(metrics)
+                except Exception as exc:  # a health rule must never stop the journal
+                    log.error("rllog: health check failed: %s", exc)
 
     def _write(self, data: bytes, first_seq: int) -> None:
         if self._size and self._size + len(data) > SEGMENT_BYTES:
@@ -312,7 +328,7 @@ class JournalReader:
         if len(head) < HEADER.size:
             return None
         magic, kind, seq, length, crc = HEADER.unpack(head)
-        if magic != MAGIC or kind not in (KIND_METRICS, KIND_TABLE, KIND_END):
+        if magic != MAGIC or kind not in (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT):
             return None
         if kind != KIND_END and seq <= self.after_seq:  # skip without reading the payload
             if os.fstat(f.fileno()).st_size < self._offset + HEADER.size + length:

@@ -73,3 +73,20 @@ class RunInfo:
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", _frozen(self.config))
         object.__setattr__(self, "tags", tuple(self.tags))
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """A health alert raised by a rule of :mod:`rllog.catalog` (e.g. entropy collapse) at one step.
+
+    Delivered to sinks whose ``capabilities.alerts`` is True, through their ``write_alert(record)``.
+    """
+
+    seq: int
+    step: int
+    time: float
+    rule: str
+    metric: str
+    value: float
+    message: str
+    level: str = "warning"  # "warning" or "error"

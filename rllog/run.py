@@ -26,7 +26,7 @@ from rllog import journal as journal_mod
 from rllog.delivery import CLOSED, Follower, RetryPolicy
 from rllog.errors import InvalidStep, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
-from rllog.records import STATUSES, RunInfo, TableRecord
+from rllog.records import STATUSES, AlertRecord, RunInfo, TableRecord
 from rllog.registry import parse_report_to
 from rllog.values import flatten_config, normalise_metrics, to_arrow_table
 
@@ -206,6 +206,7 @@ class Run(_Prepare):
         delivery: str = "process",
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
         retry: RetryPolicy | None = None,
+        health: Any = True,
     ):
         if delivery not in ("process", "thread"):
             raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
@@ -232,7 +233,8 @@ class Run(_Prepare):
         self._objects = [s for s in selected if not isinstance(s, str)]
         self.sink_names = list(self._named) + self._object_names(self._objects)
         self._write_run_file(options)
-        self._writer = JournalWriter(self.run_dir, flush_interval)
+        self._monitor = _health_monitor(health)
+        self._writer = JournalWriter(self.run_dir, flush_interval, on_metrics=self._check_health if self._monitor else None)
         self._lock = threading.Lock()
         self._seq = 0
         self._step = -1
@@ -342,6 +344,16 @@ class Run(_Prepare):
         self.finish("failed" if exc_type is not None else "finished")
 
     # -- internals -------------------------------------------------------------------------------
+    def _check_health(self, entries: list[PendingMetrics]) -> None:
+        """On the journal writer thread: run the health rules, journal and log what they raise."""
+        for entry in entries:
+            for draft in self._monitor.observe(entry.step, entry.values):
+                with self._lock:
+                    self._seq += 1
+                    alert = AlertRecord(self._seq, draft.step, time.time(), draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
+                    self._writer.append(alert)
+                log.log(logging.ERROR if draft.level == "error" else logging.WARNING, "rllog alert [%s] step %d: %s", draft.rule, draft.step, draft.message)
+
     def _check_open(self) -> None:
         if self._finished is not None:
             raise RunFinished(f"run {self.info.name!r} has finished; start a new one with rllog.init()")
@@ -375,6 +387,17 @@ class Run(_Prepare):
             "started": time.time(),
         }
         (self.run_dir / RUN_FILE).write_text(json.dumps(data, indent=1, default=str))
+
+
+def _health_monitor(health: Any):
+    """``True``: the default rules; ``False``/None: none; a dict: ``HealthMonitor(**health)``; else a monitor object."""
+    if health is False or health is None:
+        return None
+    if health is True or isinstance(health, Mapping):
+        from rllog.catalog import HealthMonitor
+
+        return HealthMonitor(**(health if isinstance(health, Mapping) else {}))
+    return health
 
 
 def _factory(name: str, options: Mapping[str, Any] | None):

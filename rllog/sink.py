@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,11 @@ class MetricSink(Protocol):
 
     def close(self, status: str) -> None:
         """End the tracker's run with ``status``: ``finished``, ``failed`` or ``killed``."""
+
+
+@runtime_checkable
+class AlertSink(MetricSink, Protocol):
+    """A sink with ``capabilities.alerts``: it also receives health alerts."""
+
+    def write_alert(self, record: AlertRecord) -> None:
+        """Show or store one alert (step, rule, metric, value, message, level)."""

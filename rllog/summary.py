@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from rllog.journal import End, read_all
-from rllog.records import MetricsRecord, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, TableRecord
 
 
 @dataclass
@@ -27,6 +27,7 @@ class RunSummary:
     metrics: dict[str, MetricSummary] = field(default_factory=dict)
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (tables logged, rows)
+    alerts: list[AlertRecord] = field(default_factory=list)
     status: str | None = None
 
 
@@ -38,6 +39,9 @@ def summarise(run_dir: str | os.PathLike) -> RunSummary:
             s.status = item.status
             continue
         s.records += 1
+        if isinstance(item, AlertRecord):
+            s.alerts.append(item)
+            continue
         if isinstance(item, TableRecord):
             n, rows = s.tables.get(item.name, (0, 0))
             s.tables[item.name] = (n + 1, rows + item.table.num_rows)
