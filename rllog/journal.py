@@ -137,7 +137,7 @@ class JournalWriter:
         next_seq: the sequence number the first appended record has.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, flush_interval: float = 1.0, next_seq: int = 1, on_metrics=None):
+    def __init__(self, run_dir: str | os.PathLike, flush_interval: float = 1.0, next_seq: int = 1, on_metrics=None, on_tick=None):
         self.directory = journal_dir(run_dir)
         self.flush_interval = flush_interval
         self._pending: collections.deque = collections.deque()
@@ -147,6 +147,7 @@ class JournalWriter:
         self.error: BaseException | None = None
         self.written_seq = next_seq - 1
         self.on_metrics = on_metrics  # called on the writer thread with each batch's metrics, host values filled in
+        self.on_tick = on_tick  # called on the writer thread at every wake-up (the agent watchdog)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._fd = self._open_segment(next_seq)
@@ -185,6 +186,11 @@ class JournalWriter:
             self._wake.clear()
             closing = self._closed.is_set()
             self._write_pending()
+            if self.on_tick is not None and not closing:
+                try:
+                    self.on_tick()
+                except Exception as exc:
+                    log.error("rllog: %s", exc)
             if closing and not self._pending:
                 break
         try:

@@ -13,13 +13,14 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from rllog import distributed
 from rllog import journal as journal_mod
@@ -234,12 +235,15 @@ class Run(_Prepare):
         self.sink_names = list(self._named) + self._object_names(self._objects)
         self._write_run_file(options)
         self._monitor = _health_monitor(health)
-        self._writer = JournalWriter(self.run_dir, flush_interval, on_metrics=self._check_health if self._monitor else None)
+        self._writer = JournalWriter(self.run_dir, flush_interval, on_metrics=self._check_health if self._monitor else None, on_tick=self._watch_agent)
         self._lock = threading.Lock()
         self._seq = 0
         self._step = -1
         self._finished: FinishReport | None = None
+        # Where an omitted step comes from when a trainer owns the step (set by the HF/TRL integration).
+        self.step_source: Callable[[], int] | None = None
         self._agent = None
+        self.agent_restarts = 0
         self._followers: list[Follower] = []
         if self._named and delivery == "process":
             from rllog.agent import start_agent
@@ -251,10 +255,12 @@ class Run(_Prepare):
         for follower in self._followers:
             follower.start()
         _live_runs.add(self)
+        _install_sigterm_handler()
 
     # -- the hot path ----------------------------------------------------------------------------
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
-        """Log scalar metrics at ``step`` (default: the last step + 1).
+        """Log scalar metrics at ``step`` (default: the last step + 1, or the trainer's current step when a
+        trainer integration drives the run).
 
         Values may be Python or numpy numbers, bools or one-element torch tensors (kept on their device
         and copied to the host together at the next flush); nested dicts are flattened with ``/``.
@@ -275,7 +281,9 @@ class Run(_Prepare):
         with self._lock:
             self._check_open()
             self._seq += 1
-            self._step = self._step + 1 if step is None else step
+            if step is None:
+                step = self.step_source() if self.step_source is not None else self._step + 1
+            self._step = step
             entry = PendingMetrics(self._seq, self._step, now, floats, tuple(tensors), stacked)
             self._writer.append(entry)
 
@@ -296,7 +304,7 @@ class Run(_Prepare):
             self._check_open()
             self._seq += 1
             if step is None:
-                step = max(self._step, 0)
+                step = self.step_source() if self.step_source is not None else max(self._step, 0)
             self._writer.append(TableRecord(self._seq, step, now, name, arrow))
 
     @property
@@ -353,6 +361,25 @@ class Run(_Prepare):
                     alert = AlertRecord(self._seq, draft.step, time.time(), draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
                     self._writer.append(alert)
                 log.log(logging.ERROR if draft.level == "error" else logging.WARNING, "rllog alert [%s] step %d: %s", draft.rule, draft.step, draft.message)
+
+    MAX_AGENT_RESTARTS = 5
+
+    def _watch_agent(self) -> None:
+        """On the journal writer thread: restart a delivery agent that died before ``finish``.
+
+        Cursors are persisted and its locks die with it, so the new agent resumes where the old one
+        stopped. After ``MAX_AGENT_RESTARTS`` the records stay in the journal and ``finish`` reports them.
+        """
+        agent = self._agent
+        if agent is None or agent.poll() is None or self._finished is not None:
+            return
+        if self.agent_restarts >= self.MAX_AGENT_RESTARTS:
+            return
+        from rllog.agent import start_agent
+
+        self.agent_restarts += 1
+        log.warning("rllog: the delivery agent exited with code %s; restarting it (%d/%d)", agent.returncode, self.agent_restarts, self.MAX_AGENT_RESTARTS)
+        self._agent = start_agent(self.run_dir)
 
     def _check_open(self) -> None:
         if self._finished is not None:
@@ -415,6 +442,34 @@ def load_run_info(run_dir: str | os.PathLike) -> tuple[RunInfo, dict]:
 
 
 _live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+_previous_sigterm: Any = None
+
+
+def _on_sigterm(signum, frame) -> None:
+    """Finish every live run as ``killed``, then hand the signal to whoever had it before."""
+    for run in list(_live_runs):
+        try:
+            run.finish("killed", timeout=30.0)
+        except Exception as exc:
+            log.error("rllog: finishing %s on SIGTERM failed: %s", run.run_dir, exc)
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:  # the default action: die of SIGTERM, as the sender expects
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_handler() -> None:
+    """Chain onto SIGTERM once, from the main thread (signal handlers can only be set there)."""
+    global _previous_sigterm
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        return  # the process chose to survive SIGTERM; so do we
+    _previous_sigterm = previous
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 @atexit.register

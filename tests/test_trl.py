@@ -78,3 +78,32 @@ def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
     series = metric_series(tmp_path / "run")
     assert series["loss"] == [(7, 0.5)] and series["eval/loss"] == [(7, 0.25)]
     assert math.isnan(series["eval/reward"][0][1]) and "note" not in series
+
+
+def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model, tmp_path):
+    from datasets import Dataset
+
+    from rllog.demo import PROMPTS
+    from rllog.integrations.trl import RLLogCompletionsCallback
+
+    def reward_logging_itself(completions, **kwargs):
+        rllog.log({"custom/from_reward_fn": float(len(completions))})  # no step, no trainer reference
+        return [0.0] * len(completions)
+
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)},
+                                eval_strategy="no")
+    trainer.reward_funcs.append(reward_logging_itself)
+    trainer.reward_func_names.append("reward_logging_itself")
+    trainer.reward_weights = __import__("torch").ones(3)
+    trainer.reward_processing_classes.append(None)
+    trainer.eval_dataset = Dataset.from_dict({"prompt": PROMPTS[:3]})
+    trainer.add_callback(RLLogCompletionsCallback(trainer, num_prompts=2, freq=2, name="eval_completions"))
+    trainer.train()
+    assert trainer.rllog_run.finish().ok
+    series = metric_series(run_dir)
+    assert [s for s, _ in series["custom/from_reward_fn"]] == [s for s, _ in series["reward"]] == [1, 2, 3]
+    table = rllog.read_table(run_dir, "eval_completions").to_pylist()
+    assert [r["_step"] for r in table] == [2, 2]
+    assert [r["prompt"] for r in table] == [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in PROMPTS[:2]] or all(PROMPTS[i] in table[i]["prompt"] for i in range(2))
+    assert all(isinstance(r["completion"], str) for r in table)

@@ -88,6 +88,18 @@ class RLLogCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
             self.start(args, model)
+        if self.run is not None:
+            # rllog.log(...) without a step, from a reward function or another callback, lands on the
+            # step the trainer is computing (the one its own logs for this step will carry).
+            self.run.step_source = lambda: state.global_step + (1 if self._in_step else 0)
+
+    _in_step = False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._in_step = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._in_step = False
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not state.is_world_process_zero or not logs:

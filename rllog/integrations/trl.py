@@ -94,3 +94,70 @@ class RLLogMixin:
         n = len(table["prompt"])
         # a log_extra column first seen in a later batch is shorter: its earlier rows are empty
         return {k: ([None] * (n - len(v)) + v)[-n:] for k, v in table.items()}
+
+
+class RLLogCompletionsCallback:
+    """Every ``freq`` steps, generate completions for eval prompts and log them as a table through rllog.
+
+    What TRL's ``LogCompletionsCallback`` does for wandb and Comet only, for every selected tracker, and
+    for any Hugging Face trainer (SFT, DPO, GRPO...) whose eval dataset has a ``"prompt"`` column.
+    Each call logs that step's rows (``prompt``, ``completion``) as table ``name`` at the step.
+
+    Args:
+        trainer: the trainer it is attached to.
+        run: the rllog run (default: ``trainer.rllog_run`` with the mixin, else :func:`rllog.current_run`).
+        generation_config: a ``transformers.GenerationConfig``.
+        num_prompts: how many eval prompts (the first ones); default all.
+        freq: every how many steps; default the trainer's ``eval_steps``.
+        name: the table's name.
+
+    Example:
+        >>> trainer.add_callback(RLLogCompletionsCallback(trainer, num_prompts=8, freq=50))
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        from transformers import TrainerCallback
+
+        # A TrainerCallback subclass made on first use: transformers is not imported with this module.
+        if not issubclass(cls, TrainerCallback):
+            cls = type(cls.__name__, (cls, TrainerCallback), {})
+        return object.__new__(cls)
+
+    def __init__(self, trainer: Any, run: Any = None, generation_config: Any = None, num_prompts: int | None = None, freq: int | None = None, name: str = "completions"):
+        if trainer.eval_dataset is None or "prompt" not in trainer.eval_dataset.column_names:
+            raise ValueError("RLLogCompletionsCallback needs a trainer whose eval_dataset has a 'prompt' column")
+        self.trainer = trainer
+        self.run = run
+        self.generation_config = generation_config
+        self.freq = freq
+        self.name = name
+        self.eval_dataset = trainer.eval_dataset if num_prompts is None else trainer.eval_dataset.select(range(num_prompts))
+        self._last_logged_step = -1
+
+    def _run(self):
+        import rllog
+
+        return self.run or getattr(self.trainer, "rllog_run", None) or rllog.current_run()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        freq = self.freq or state.eval_steps or 1
+        if state.global_step == self._last_logged_step or state.global_step % freq != 0:
+            return
+        self._last_logged_step = state.global_step
+        from accelerate.utils import gather_object
+        from trl.data_utils import maybe_apply_chat_template
+        from trl.trainer.callbacks import _generate_completions
+
+        tokenizer = kwargs.get("processing_class") or self.trainer.processing_class
+        tokenizer.padding_side = "left"
+        accelerator = self.trainer.accelerator
+        with accelerator.split_between_processes(self.eval_dataset["prompt"]) as prompts:
+            prompts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in prompts]
+            completions = _generate_completions(prompts, model=self.trainer.model_wrapped, tokenizer=tokenizer, accelerator=accelerator,
+                                                generation_config=self.generation_config, batch_size=args.per_device_eval_batch_size,
+                                                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+            completions = gather_object(completions)
+            prompts = gather_object(prompts)
+        run = self._run()
+        if accelerator.is_main_process and run is not None:
+            run.log_table(self.name, {"prompt": [_text(p) for p in prompts], "completion": [_text(c) for c in completions]}, step=state.global_step)
