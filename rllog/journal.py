@@ -173,6 +173,14 @@ class JournalWriter:
     def backlog(self) -> int:
         return len(self._pending)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def wake(self) -> None:
+        """Write what is pending now instead of at the next tick."""
+        self._wake.set()
+
     def close(self, status: str, timeout: float | None = None) -> None:
         """Write everything pending and the end marker, then stop the thread."""
         self._end = (status, time.time())

@@ -208,6 +208,7 @@ class Run(_Prepare):
         backend_options: Mapping[str, Mapping[str, Any]] | None = None,
         retry: RetryPolicy | None = None,
         health: Any = True,
+        max_pending: int = 100_000,
     ):
         if delivery not in ("process", "thread"):
             raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
@@ -234,6 +235,8 @@ class Run(_Prepare):
         self._objects = [s for s in selected if not isinstance(s, str)]
         self.sink_names = list(self._named) + self._object_names(self._objects)
         self._write_run_file(options)
+        self.max_pending = max_pending
+        self._backpressure_warned = False
         self._monitor = _health_monitor(health)
         self._writer = JournalWriter(self.run_dir, flush_interval, on_metrics=self._check_health if self._monitor else None, on_tick=self._watch_agent)
         self._lock = threading.Lock()
@@ -286,6 +289,8 @@ class Run(_Prepare):
             self._step = step
             entry = PendingMetrics(self._seq, self._step, now, floats, tuple(tensors), stacked)
             self._writer.append(entry)
+        if self._writer.backlog > self.max_pending:
+            self._wait_for_journal()
 
     def log_table(self, name: str, table: Any, step: int | None = None) -> None:
         """Log a table (e.g. completions) at ``step`` (default: the step of the last ``log``).
@@ -306,6 +311,8 @@ class Run(_Prepare):
             if step is None:
                 step = self.step_source() if self.step_source is not None else max(self._step, 0)
             self._writer.append(TableRecord(self._seq, step, now, name, arrow))
+        if self._writer.backlog > self.max_pending:
+            self._wait_for_journal()
 
     @property
     def step(self) -> int:
@@ -361,6 +368,15 @@ class Run(_Prepare):
                     alert = AlertRecord(self._seq, draft.step, time.time(), draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
                     self._writer.append(alert)
                 log.log(logging.ERROR if draft.level == "error" else logging.WARNING, "rllog alert [%s] step %d: %s", draft.rule, draft.step, draft.message)
+
+    def _wait_for_journal(self) -> None:
+        """Backpressure: the writer is ``max_pending`` records behind (a stalled disk); wait rather than drop."""
+        if not self._backpressure_warned:
+            self._backpressure_warned = True
+            log.warning("rllog: the journal writer is %d records behind; log() waits for it (nothing is dropped)", self._writer.backlog)
+        self._writer.wake()
+        while self._writer.backlog > self.max_pending // 2 and self._writer.alive:
+            time.sleep(0.001)
 
     MAX_AGENT_RESTARTS = 5
 

@@ -36,6 +36,10 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         if not isinstance(key, str) or not key:
             raise InvalidKey(f"metric names must be non-empty strings, got {key!r}")
         name = f"{prefix}{key}"
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidKey(f"metric name {name!r} is not valid Unicode text (it holds a lone surrogate)") from None
         if isinstance(value, Mapping):
             flat.update(flatten(value, name + "/"))
         else:
@@ -107,8 +111,11 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
             raise InvalidTable(f"table {name!r}: expected a dict of columns, a list of row dicts, a pyarrow.Table or a pandas DataFrame, got {type(table).__name__}")
     except InvalidTable:
         raise
+    except UnicodeEncodeError:  # text that is not valid UTF-8 (lone surrogates): replace, as documented
+        return to_arrow_table(name, _replace_invalid_text(table))
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
         raise InvalidTable(f"table {name!r}: a column mixes values of incompatible types or holds unsupported objects: {exc}") from exc
+    result = _decode_binary_columns(result)
     if result.num_columns == 0:
         raise InvalidTable(f"table {name!r} has no columns")
     reserved = [c for c in result.column_names if c in RESERVED_TABLE_COLUMNS]
@@ -117,6 +124,30 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
     if len(set(result.column_names)) != result.num_columns:
         raise InvalidTable(f"table {name!r}: duplicate column names {result.column_names}")
     return result
+
+
+def _clean_text(value: Any) -> Any:
+    return value.encode("utf-8", "replace").decode("utf-8") if isinstance(value, str) else value
+
+
+def _replace_invalid_text(table: Any) -> Any:
+    """The same table with every string made valid UTF-8 (unencodable characters become ``?``)."""
+    if isinstance(table, Mapping):
+        return {_clean_text(str(k)): [_clean_text(v) for v in (c.tolist() if hasattr(c, "tolist") else c)] for k, c in table.items()}
+    if isinstance(table, list):
+        return [{_clean_text(str(k)): _clean_text(v) for k, v in row.items()} for row in table]
+    if type(table).__name__ == "DataFrame":
+        return _replace_invalid_text(table.to_dict(orient="list"))
+    return table
+
+
+def _decode_binary_columns(table: pa.Table) -> pa.Table:
+    """Bytes cells become text (invalid UTF-8 sequences replaced by U+FFFD): every tracker takes text."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            text = [None if v is None else v.decode("utf-8", "replace") for v in table.column(i).to_pylist()]
+            table = table.set_column(i, field.name, pa.array(text, pa.string()))
+    return table
 
 
 def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:

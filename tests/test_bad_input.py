@@ -1,0 +1,232 @@
+"""Bad input: each case gets a clear rllog.errors exception or a documented sanitisation (docs/reliability.md).
+
+Accepted cases are read back from the parquet files, so a silent drop would fail the test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import rllog
+from rllog import journal
+from rllog.errors import InvalidKey, InvalidStep, InvalidTable, InvalidValue, RllogError, RunDirError, RunFinished
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = rllog.init(run_dir=tmp_path / "r", flush_interval=0.05, health=False, delivery="thread")  # validation, not delivery, is tested here
+    yield r
+    r.finish()
+
+
+def delivered(run):
+    report = run.finish()
+    assert report.ok
+    out = {}
+    for row in rllog.read_metrics(run.run_dir).to_pylist():
+        out.setdefault(row["key"], []).append((row["step"], row["value"]))
+    return out
+
+
+# -- values that are accepted (each delivered as documented) --------------------------------------
+ACCEPTED = [
+    ("nan", float("nan"), "nan"),
+    ("inf", float("inf"), math.inf),
+    ("neg_inf", float("-inf"), -math.inf),
+    ("numpy_float16", np.float16(0.5), 0.5),
+    ("numpy_int8", np.int8(-3), -3.0),
+    ("numpy_uint64_big", np.uint64(2**53), float(2**53)),
+    ("numpy_bool", np.bool_(True), 1.0),
+    ("numpy_0d_array", np.array(4.25), 4.25),
+    ("torch_float16", torch.tensor(0.5, dtype=torch.float16), 0.5),
+    ("torch_bool", torch.tensor(True), 1.0),
+    ("torch_shape_1", torch.tensor([2.5]), 2.5),
+    ("torch_requires_grad", torch.tensor(1.5, requires_grad=True) * 2, 3.0),
+    ("python_big_int", 10**20, 1e20),
+    ("bool_false", False, 0.0),
+]
+
+
+@pytest.mark.parametrize("name, value, expected", ACCEPTED, ids=[c[0] for c in ACCEPTED])
+def test_accepted_values_are_delivered(run, name, value, expected):
+    run.log({name: value}, step=1)
+    [(step, got)] = delivered(run)[name]
+    assert step == 1
+    assert math.isnan(got) if expected == "nan" else got == expected
+
+
+REJECTED = [
+    ("string", "0.5", InvalidValue, r"'bad'.*str"),
+    ("none", None, InvalidValue, r"'bad'.*NoneType"),
+    ("list", [1.0, 2.0], InvalidValue, r"'bad'.*list"),
+    ("tuple", (1.0,), InvalidValue, r"'bad'.*tuple"),
+    ("bytes", b"1", InvalidValue, r"'bad'.*bytes"),
+    ("complex", 1j, InvalidValue, r"'bad'.*complex"),
+    ("multi_element_tensor", torch.ones(2, 2), InvalidValue, r"'bad'.*\(2, 2\)"),
+    ("empty_tensor", torch.ones(0), InvalidValue, r"'bad'.*\(0,\)"),
+    ("complex_tensor", torch.tensor(1j), InvalidValue, r"'bad'"),
+    ("numpy_vector", np.ones(3), InvalidValue, r"'bad'.*\(3,\)"),
+    ("numpy_string", np.str_("x"), InvalidValue, r"'bad'"),
+]
+
+
+@pytest.mark.parametrize("name, value, error, match", REJECTED, ids=[c[0] for c in REJECTED])
+def test_rejected_values_raise_and_log_nothing(run, name, value, error, match):
+    with pytest.raises(error, match=match):
+        run.log({"good": 1.0, "bad": value}, step=1)
+    run.log({"after": 2.0}, step=2)
+    assert delivered(run) == {"after": [(2, 2.0)]}  # the rejected call left nothing half-logged
+
+
+def test_not_a_dict(run):
+    with pytest.raises(InvalidValue, match="dict"):
+        run.log([("a", 1.0)])
+
+
+@pytest.mark.parametrize("key, error", [("", InvalidKey), (None, InvalidKey), (5, InvalidKey), ("bad\udcffname", InvalidKey)])
+def test_bad_names(run, key, error):
+    with pytest.raises(error):
+        run.log({key: 1.0})
+
+
+def test_names_with_every_special_character_and_very_long_names_are_kept_verbatim(run):
+    special = "".join(chr(c) for c in range(32, 127)) + " é中🙂\t\n"
+    long = "x" * 5000
+    run.log({special: 1.0, long: 2.0, "a//b/": 3.0}, step=0)
+    got = delivered(run)
+    assert got[special] == [(0, 1.0)] and got[long] == [(0, 2.0)] and got["a//b/"] == [(0, 3.0)]
+
+
+def test_nested_and_huge_dicts(run):
+    huge = {f"k{i}": float(i) for i in range(20_000)}
+    run.log({"outer": {"inner": {"leaf": 1.0}}, "big": huge}, step=3)
+    got = delivered(run)
+    assert got["outer/inner/leaf"] == [(3, 1.0)]
+    assert len([k for k in got if k.startswith("big/")]) == 20_000 and got["big/k19999"] == [(3, 19999.0)]
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, "3", True, None.__class__, np.float64(2.0)])
+def test_bad_steps(run, step):
+    with pytest.raises(InvalidStep):
+        run.log({"x": 1.0}, step=step)
+
+
+def test_steps_going_backwards_are_kept(run):
+    for step in [5, 3, 3, 0]:
+        run.log({"x": float(step)}, step=step)
+    assert delivered(run)["x"] == [(5, 5.0), (3, 3.0), (3, 3.0), (0, 0.0)]
+
+
+# -- tables ---------------------------------------------------------------------------------------
+def test_ragged_table(run):
+    with pytest.raises(InvalidTable, match=r"a=1, b=2"):
+        run.log_table("t", {"a": [1], "b": [1, 2]})
+
+
+def test_empty_table_with_columns_is_kept_and_without_columns_is_rejected(run):
+    run.log_table("empty", {"prompt": [], "reward": []}, step=1)
+    run.log_table("empty", pa.table({"prompt": pa.array([], pa.string())}), step=2)
+    with pytest.raises(InvalidTable, match="no columns"):
+        run.log_table("none", {})
+    with pytest.raises(InvalidTable, match="no columns"):
+        run.log_table("none", [])
+    run.finish()
+    assert rllog.read_table(run.run_dir, "empty").num_rows == 0
+    assert journal.last_seq(run.run_dir) == 2  # both empty tables journaled
+
+
+def test_mixed_type_column(run):
+    with pytest.raises(InvalidTable, match="incompatible types"):
+        run.log_table("t", {"a": [1, "x", None]})
+    run.log_table("t", {"a": [1, 2.5, None]}, step=0)  # int and float unify to float
+    run.finish()
+    assert rllog.read_table(run.run_dir, "t").column("a").to_pylist() == [1.0, 2.5, None]
+
+
+def test_huge_text_cells_are_kept_whole_in_the_journal_and_parquet(run):
+    cell = "token " * 200_000  # 1.2 MB
+    run.log_table("completions", {"completion": [cell, "short"]}, step=0)
+    run.finish()
+    assert rllog.read_table(run.run_dir, "completions").column("completion").to_pylist() == [cell, "short"]
+
+
+def test_non_utf8_bytes_and_lone_surrogates_in_tables_are_replaced(run):
+    run.log_table("t", {"raw": [b"ok", b"\xff\xfe"], "text": ["fine", "bad\udcff"]}, step=0)
+    run.finish()
+    rows = rllog.read_table(run.run_dir, "t").to_pylist()
+    assert [r["raw"] for r in rows] == ["ok", "\ufffd\ufffd"]
+    assert [r["text"] for r in rows] == ["fine", "bad?"]
+
+
+def test_table_in_every_accepted_form_and_a_reserved_column(run):
+    with pytest.raises(InvalidTable, match="reserved"):
+        run.log_table("t", {"_seq": [1]})
+    with pytest.raises(InvalidTable, match="expected a dict"):
+        run.log_table("t", 42)
+    with pytest.raises(InvalidTable, match="expected a dict"):
+        run.log_table("t", [1, 2, 3])
+    run.log_table("t", pd.DataFrame({"a": [1]}), step=0)
+    run.finish()
+    assert rllog.read_table(run.run_dir, "t").column("a").to_pylist() == [1]
+
+
+# -- the run's life -------------------------------------------------------------------------------
+def test_run_dir_not_writable(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        if os.access(ro, os.W_OK):  # root ignores permissions: use a path under a file instead
+            (ro / "f").parent.chmod(0o700)
+            (tmp_path / "file").write_text("x")
+            target = tmp_path / "file" / "run"
+        else:
+            target = ro / "run"
+        with pytest.raises(RunDirError):
+            rllog.init(run_dir=target)
+    finally:
+        os.chmod(ro, 0o700)
+
+
+def test_log_after_finish_and_finish_twice(run):
+    run.log({"x": 1.0})
+    first = run.finish()
+    assert run.finish() is first
+    with pytest.raises(RunFinished):
+        run.log({"x": 2.0})
+    with pytest.raises(RunFinished):
+        run.log_table("t", {"a": [1]})
+    with pytest.raises(ValueError):
+        rllog.init(report_to="none", run_dir=run.run_dir.parent / "s").finish(status="exploded")
+
+
+def test_full_queue_applies_backpressure_and_drops_nothing(tmp_path, monkeypatch, caplog):
+    real_write = journal.JournalWriter._write
+
+    def slow_write(self, data, first_seq):
+        time.sleep(0.05)  # a stalled disk
+        return real_write(self, data, first_seq)
+
+    monkeypatch.setattr(journal.JournalWriter, "_write", slow_write)
+    run = rllog.init(run_dir=tmp_path / "r", flush_interval=0.05, max_pending=50, health=False)
+    for i in range(2000):
+        run.log({"i": float(i)}, step=i)
+        assert run._writer.backlog <= 51
+    assert run.finish().ok
+    assert "log() waits" in caplog.text
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(2000)]
+
+
+def test_errors_share_one_base_class():
+    for error in (InvalidValue, InvalidKey, InvalidStep, InvalidTable, RunFinished, RunDirError):
+        assert issubclass(error, RllogError)
