@@ -319,6 +319,11 @@ class Run(_Prepare):
         """The step of the last logged metrics (-1 before the first)."""
         return self._step
 
+    @property
+    def run_id(self) -> str:
+        """The run's stable id (trackers use it to resume the same run on replay)."""
+        return self.info.run_id
+
     # -- the end ---------------------------------------------------------------------------------
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
         """Write the end marker, wait up to ``timeout`` s for every sink, and report per sink.

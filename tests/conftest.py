@@ -68,6 +68,10 @@ def tracker_dirs(tmp_path, monkeypatch):
     for key, path in dirs.items():
         path.mkdir(parents=True, exist_ok=True)
         monkeypatch.setenv(key, str(path))
+    if "trackio" in sys.modules:  # trackio reads TRACKIO_DIR once, at import: repoint it
+        from readers.trackio import pin_trackio_dir
+
+        pin_trackio_dir(monkeypatch, dirs["TRACKIO_DIR"])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("MLFLOW_ARTIFACT_ROOT", str(tmp_path / "mlartifacts"))
     try:

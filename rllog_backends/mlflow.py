@@ -1,0 +1,420 @@
+"""MLflow backend: metrics, completion tables, config and run status in an MLflow run.
+
+Talks to MLflow through its own ``mlflow.MlflowClient(tracking_uri)`` (never the fluent
+``mlflow.start_run`` global state), so it can live in a thread next to other sinks. The MLflow
+experiment is ``run_info.project``; the MLflow run carries the tag ``rllog.run_id`` and is resumed
+(not duplicated) when the sink is opened again for the same rllog run, e.g. by ``rllog replay``.
+
+Names: MLflow accepts metric and param keys made of letters, digits, ``_ - . / :`` and space, that do
+not change under ``posixpath.normpath`` and have at most 250 characters. :func:`mlflow_key` maps any
+name onto those rules (it leaves valid names alone); see ``docs/backends/mlflow.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import posixpath
+import re
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+from rllog.errors import RateLimited, TransientError
+from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.sink import Capabilities
+
+logger = logging.getLogger(__name__)
+
+MAX_KEY_LENGTH = 250  # MLflow's MAX_ENTITY_KEY_LENGTH (metric, param and tag keys)
+MAX_PARAM_VALUE_LENGTH = 6000  # MLflow's MAX_PARAM_VAL_LENGTH
+MAX_TAG_VALUE_LENGTH = 8000  # MLflow's MAX_TAG_VAL_LENGTH
+MAX_METRICS_PER_BATCH = 1000  # MLflow's MAX_METRICS_PER_BATCH
+MAX_PARAMS_PER_BATCH = 100  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
+MAX_BATCH_BYTES = 900_000  # MLflow rejects log_batch requests over 1e6 bytes of JSON
+RUN_ID_TAG = "rllog.run_id"
+RENAMED_TAG_PREFIX = "rllog.renamed."
+LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
+STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
+
+_HASH_LENGTH = 8
+_BAD_CHARS = re.compile(r"[^\w/.\- :]" if os.name != "nt" else r"[^\w/.\- ]")  # MLflow's own rule, negated
+_TOO_MANY = re.compile(r"too many (\d{3}) error responses")  # urllib3's ResponseError text
+_RETRY_CODES_429 = {"REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"}
+_RETRY_CODES_5XX = {"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED"}
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_LENGTH]
+
+
+def _with_suffix(name: str, suffix: str) -> str:
+    """``name_<suffix>``, the name cut so that the result fits in 250 characters."""
+    return f"{name[: MAX_KEY_LENGTH - len(suffix) - 1]}_{suffix}"
+
+
+def mlflow_key(key: str) -> str:
+    """The name MLflow stores ``key`` under (metric, param or table name). Pure and deterministic.
+
+    A name MLflow already accepts is returned unchanged. Otherwise, in this order:
+
+    1. every character other than letters, digits, ``_ - . / :`` and space becomes ``_``
+       (``eval/acc@1`` -> ``eval/acc_1``, ``loss(mean)`` -> ``loss_mean_``, ``a,b`` -> ``a_b``);
+    2. the ``/``-separated path is normalised the way MLflow requires: empty segments go
+       (``a//b`` -> ``a/b``, a leading or trailing ``/`` is dropped), ``.`` segments go, ``..``
+       segments become ``__``, and a name starting with ``..`` gets a leading ``_``;
+    3. an empty result becomes ``_``;
+    4. a result over 250 characters is cut to 241 and ends with ``_`` and 8 hex digits of the SHA-1
+       of the original key, so different long keys stay different.
+
+    Two different keys can still map to the same name (``a@b`` and ``a(b``); :class:`MlflowSink` keeps
+    them apart with a hash suffix on the later one (see the docs).
+
+    Example:
+        >>> mlflow_key("rewards/accuracy/mean")
+        'rewards/accuracy/mean'
+        >>> mlflow_key("eval/acc@1//")
+        'eval/acc_1'
+    """
+    if _is_valid(key):
+        return key
+    name = _BAD_CHARS.sub("_", key)
+    segments = []
+    for segment in name.split("/"):
+        if segment in ("", "."):
+            continue
+        segments.append("__" if segment == ".." else segment)
+    name = "/".join(segments)
+    if name.startswith(".."):
+        name = "_" + name
+    name = name or "_"
+    if len(name) > MAX_KEY_LENGTH:
+        name = _with_suffix(name, _short_hash(key))
+    return name
+
+
+def _is_valid(name: str) -> bool:
+    """MLflow's own key rules (``mlflow.utils.validation``): characters, normpath-stable, length."""
+    if not name or len(name) > MAX_KEY_LENGTH or _BAD_CHARS.search(name):
+        return False
+    norm = posixpath.normpath(name)
+    return norm == name and norm != "." and not norm.startswith("..") and not norm.startswith("/")
+
+
+class _Names:
+    """Original name -> MLflow name for one namespace (metrics, params or tables), collision-free."""
+
+    def __init__(self, kind: str, on_rename: Callable[[str, str, str], None] | None = None):
+        self.kind = kind
+        self._name: dict[str, str] = {}
+        self._owner: dict[str, str] = {}
+        self._on_rename = on_rename
+
+    def preload(self, key: str, name: str) -> None:
+        """Re-establish a collision rename made by an earlier process (read from the run's tags)."""
+        self._name[key] = name
+        self._owner[name] = key
+
+    def __call__(self, key: str) -> str:
+        name = self._name.get(key)
+        if name is not None:
+            return name
+        base = name = mlflow_key(key)
+        attempt = 0
+        while self._owner.get(name, key) != key:
+            name = _with_suffix(base, _short_hash(key if attempt == 0 else f"{key}#{attempt}"))
+            attempt += 1
+        if name != base:
+            logger.warning(
+                "mlflow: %s names %r and %r both map to %r; %r is stored as %r",
+                self.kind, self._owner[base], key, base, key, name,
+            )  # fmt: skip
+            if self._on_rename is not None:
+                self._on_rename(self.kind, key, name)
+        self._name[key] = name
+        self._owner[name] = key
+        return name
+
+
+def _chunks(items: Sequence[Any], max_count: int, size: Callable[[Any], int]) -> Iterator[list[Any]]:
+    """Consecutive slices of ``items`` with at most ``max_count`` items and about MAX_BATCH_BYTES of JSON."""
+    chunk: list[Any] = []
+    total = 0
+    for item in items:
+        n = size(item)
+        if chunk and (len(chunk) >= max_count or total + n > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, total = [], 0
+        chunk.append(item)
+        total += n
+    if chunk:
+        yield chunk
+
+
+def _json_cell(value: Any) -> Any:
+    """A table cell as JSON: NaN/inf become null (as pandas writes them), containers recursively."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_cell(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_cell(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def _retryable(exc: BaseException) -> Exception | None:
+    """The rllog retry error for an exception from MLflow, or None if it is not worth retrying.
+
+    MLflow wraps everything in ``MlflowException``; the cause is in the exception chain:
+    ``requests`` ``RetryError`` (urllib3 "too many 429 error responses": the HTTP status, but not the
+    response, so no Retry-After), ``ConnectionError`` / ``Timeout``, or a ``RestException`` whose
+    error code maps to 429 / 503 / 504 (e.g. from the Databricks SDK path).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        module = type(current).__module__ or ""
+        name = type(current).__name__
+        if module.startswith(("requests", "urllib3")):
+            match = _TOO_MANY.search(str(current))
+            if match:
+                status = int(match.group(1))
+                if status == 429:
+                    return RateLimited(None, f"mlflow: HTTP 429 from the tracking server: {exc}")
+                if status >= 500 or status == 408:
+                    return TransientError(f"mlflow: HTTP {status} from the tracking server: {exc}")
+            if name in {"ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout", "ChunkedEncodingError", "ProtocolError", "NewConnectionError"}:
+                return TransientError(f"mlflow: cannot reach the tracking server: {exc}")
+        code = getattr(current, "error_code", None)
+        if module.startswith("mlflow") and isinstance(code, str):
+            if code in _RETRY_CODES_429:
+                return RateLimited(None, f"mlflow: {exc}")
+            if code in _RETRY_CODES_5XX:  # includes sqlite "database is locked" (OperationalError)
+                return TransientError(f"mlflow: {exc}")
+        if isinstance(current, (ConnectionError, TimeoutError)):
+            return TransientError(f"mlflow: {exc}")
+        current = current.__cause__ or current.__context__
+    return None
+
+
+@contextmanager
+def _mapped_errors() -> Iterator[None]:
+    try:
+        yield
+    except (RateLimited, TransientError):
+        raise
+    except Exception as exc:
+        mapped = _retryable(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+class MlflowSink:
+    """Writes rllog records to an MLflow run (local sqlite store or a tracking server).
+
+    Args:
+        tracking_uri: MLflow tracking URI; default ``MLFLOW_TRACKING_URI``, else MLflow's default.
+        experiment_name: MLflow experiment; default ``run_info.project``.
+        artifact_location: artifact root for an experiment this sink creates (it becomes
+            ``<artifact_location>/<experiment name>``). Default ``MLFLOW_ARTIFACT_ROOT``; for a sqlite
+            URI without either, ``<directory of the .db>/mlartifacts``; otherwise MLflow's or the
+            server's default. An existing experiment keeps its own location.
+        http_max_retries: how often MLflow's REST client retries a request itself (it reads
+            ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, process-wide). rllog retries with its own backoff, so
+            for an ``http(s)://`` URI the sink sets it to this value, default 0 unless the variable is
+            already set.
+
+    Example:
+        >>> run = rllog.init(report_to="mlflow", project="grpo-math",
+        ...                  backend_options={"mlflow": {"tracking_uri": "sqlite:///mlflow.db"}})
+        >>> run.log({"reward": 0.4, "eval/acc@1": 0.7}, step=1)   # stored as "eval/acc_1"
+        >>> run.finish()
+        >>> # mlflow ui --backend-store-uri sqlite:///mlflow.db: experiment "grpo-math", tag rllog.run_id
+    """
+
+    capabilities = Capabilities(tables=True, config=True, alerts=False)
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        artifact_location: str | None = None,
+        http_max_retries: int | None = None,
+    ):
+        self.tracking_uri = tracking_uri
+        self.experiment_name = experiment_name
+        self.artifact_location = artifact_location
+        self.http_max_retries = http_max_retries
+        self._client: Any = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self._metric_names = _Names("metric", self._remember_rename)
+        self._table_names = _Names("table", self._remember_rename)
+        self._logged_artifacts: list[dict[str, str]] | None = []
+        self._partial: tuple[tuple[int, int, int], int] | None = None  # (records id, chunks sent)
+        self._last_timestamp = 0  # ms, of the last record written
+
+    # -- MetricSink ----------------------------------------------------------------------------
+
+    def open(self, run_info: RunInfo) -> None:
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        if uri and uri.startswith(("http://", "https://")):
+            if self.http_max_retries is not None:
+                os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(int(self.http_max_retries))
+            else:
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        from mlflow import MlflowClient
+
+        with _mapped_errors():
+            self._client = MlflowClient(tracking_uri=uri)
+            self.experiment_id = self._experiment(run_info, uri)
+            run = self._find_run(run_info.run_id)
+            if run is None:
+                tags = {mlflow_key(t): "" for t in run_info.tags if not mlflow_key(t).startswith("mlflow.")}
+                tags[RUN_ID_TAG] = run_info.run_id
+                run = self._client.create_run(self.experiment_id, run_name=run_info.name or None, tags=tags)
+            elif run.info.status != "RUNNING":
+                self._client.update_run(run.info.run_id, status="RUNNING")
+            self.run_id = run.info.run_id
+            self._resume_state(run.data.tags)
+            self._log_params(run_info.config, run.data.params)
+
+    def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        from mlflow.entities import Metric
+
+        if not records:
+            return
+        ident = (records[0].seq, records[-1].seq, len(records))
+        # The delivery layer repeats a failed call with the same records: skip the chunks MLflow took.
+        done = self._partial[1] if self._partial and self._partial[0] == ident else 0
+        with _mapped_errors():
+            metrics = []
+            last = self._last_timestamp
+            for record in records:
+                # Strictly increasing per record: MLflow orders a history by timestamp and stores
+                # identical (key, timestamp, step, value) once, so a repeated step in the same ms
+                # would otherwise be reordered or merged.
+                last = timestamp = max(int(round(record.time * 1000)), last + 1)
+                for key, value in record.values.items():
+                    metrics.append(Metric(self._metric_names(key), float(value), timestamp, int(record.step)))
+            for i, chunk in enumerate(_chunks(metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80)):
+                if i < done:
+                    continue
+                self._partial = (ident, i)
+                self._client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+        self._partial = None
+        self._last_timestamp = last  # only now: a repeated call recomputes the same timestamps
+
+    def write_table(self, record: TableRecord) -> None:
+        columns = record.table.column_names
+        data = [[_json_cell(v) for v in row] for row in zip(*(column.to_pylist() for column in record.table.columns))]
+        # The format of MlflowClient.log_table (pandas "split", no index), so load_table reads it.
+        text = json.dumps({"columns": columns, "data": data}, default=str)
+        with _mapped_errors():
+            directory = f"tables/{self._table_names(record.name)}"
+            path = f"{directory}/step_{record.step:06d}-seq_{record.seq:06d}.json"
+            self._client.log_text(self.run_id, text, path)  # overwrites: a retried call is idempotent
+            self._register_table(directory, path)
+
+    def flush(self) -> None:
+        """Nothing to do: every call above is synchronous (``synchronous=True``)."""
+
+    def close(self, status: str) -> None:
+        if self.run_id is None:
+            return
+        with _mapped_errors():
+            self._client.set_terminated(self.run_id, status=STATUS.get(status, "FAILED"))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _experiment(self, run_info: RunInfo, uri: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        name = self.experiment_name or run_info.project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "Default"
+        experiment = self._client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                return self._client.create_experiment(name, artifact_location=self._artifact_location(name, uri))
+            except MlflowException as exc:  # created meanwhile by another process
+                experiment = self._client.get_experiment_by_name(name)
+                if experiment is None:
+                    raise exc
+        if experiment.lifecycle_stage == "deleted":
+            raise ValueError(f"MLflow experiment {name!r} is deleted: restore it (`mlflow experiments restore`) or use another project name")
+        return experiment.experiment_id
+
+    def _artifact_location(self, experiment: str, uri: str | None) -> str | None:
+        root = self.artifact_location or os.environ.get("MLFLOW_ARTIFACT_ROOT")
+        if not root and uri and uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+            root = os.path.join(os.path.dirname(os.path.abspath(uri[len("sqlite:///") :])), "mlartifacts")
+        if not root:
+            return None
+        if "://" not in root:
+            root = os.path.abspath(root)
+        return f"{root.rstrip('/')}/{mlflow_key(experiment)}"
+
+    def _find_run(self, run_id: str) -> Any:
+        quote = '"' if "'" in run_id else "'"
+        runs = self._client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = {quote}{run_id}{quote}", max_results=1)
+        return runs[0] if runs else None
+
+    def _resume_state(self, tags: dict[str, str]) -> None:
+        """Collision renames and registered tables from an earlier process, read from the run's tags."""
+        for key, value in tags.items():
+            if key.startswith(RENAMED_TAG_PREFIX):
+                try:
+                    entry = json.loads(value)
+                    names = {"metric": self._metric_names, "table": self._table_names}[entry["kind"]]
+                    names.preload(entry["key"], entry["name"])
+                except (ValueError, KeyError, TypeError):
+                    logger.warning("mlflow: ignoring unreadable tag %s", key)
+        try:
+            logged = json.loads(tags.get(LOGGED_ARTIFACTS_TAG, "[]"))
+            self._logged_artifacts = logged if isinstance(logged, list) else None
+        except ValueError:
+            self._logged_artifacts = None  # not ours to repair; tables are still written
+
+    def _remember_rename(self, kind: str, key: str, name: str) -> None:
+        """Record a collision rename as a run tag, so a resumed sink makes the same choice."""
+        value = json.dumps({"kind": kind, "key": key, "name": name})
+        if self.run_id is not None and len(value) <= MAX_TAG_VALUE_LENGTH:
+            self._client.set_tag(self.run_id, f"{RENAMED_TAG_PREFIX}{kind}.{_short_hash(kind + ':' + key)}", value, synchronous=True)
+
+    def _register_table(self, directory: str, path: str) -> None:
+        """List the table's newest file in ``mlflow.loggedArtifacts`` (what the MLflow UI shows as tables).
+
+        One entry per table name (the last logged): one per file would overflow the tag's 8000
+        characters after about 120 tables, after which ``MlflowClient.log_table`` itself fails.
+        """
+        if self._logged_artifacts is None:
+            return
+        entries = [e for e in self._logged_artifacts if not (isinstance(e, dict) and posixpath.dirname(str(e.get("path", ""))) == directory)]
+        entries.append({"path": path, "type": "table"})
+        value = json.dumps(entries)
+        if len(value) > MAX_TAG_VALUE_LENGTH:
+            logger.warning("mlflow: too many table names to list in %s; later tables are only in the artifacts", LOGGED_ARTIFACTS_TAG)
+            self._logged_artifacts = None
+            return
+        self._client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, value, synchronous=True)
+        self._logged_artifacts = entries
+
+    def _log_params(self, config: dict[str, Any], existing: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        names = _Names("param")
+        params = []
+        for key, value in config.items():
+            name = names(key)
+            if name in existing:  # resumed run: MLflow refuses to change a param
+                continue
+            params.append(Param(name, str(value)[:MAX_PARAM_VALUE_LENGTH]))
+        for chunk in _chunks(params, MAX_PARAMS_PER_BATCH, lambda p: len(json.dumps(p.key)) + len(json.dumps(p.value)) + 30):
+            self._client.log_batch(self.run_id, params=chunk, synchronous=True)

@@ -1,0 +1,315 @@
+"""TensorBoard backend: event files written with the ``tensorboard`` package alone (no torch, no TF).
+
+What goes where (``logdir`` is ``$TENSORBOARD_LOGGING_DIR/<run name>`` when that variable is set,
+else ``<run_dir>/tensorboard``)::
+
+    <metric key>                  scalar (float32) at the record's step, wall time = the record's time
+    <table name>/text_summary     a Markdown table (text plugin) at the table's step
+    config/text_summary           the config as a Markdown table, at step 0
+    _hparams_/session_start_info  the config for the HPARAMS dashboard (hparams plugin)
+    status/text_summary           "finished" / "failed" / "killed", written by ``close``
+    out_of_order[_N]/             values whose step went backwards (below)
+
+Events are built as protos and written with ``tensorboard.summary.writer.event_file_writer.
+EventFileWriter``, the writer ``tensorboard.summary.Writer`` uses underneath. ``torch.utils.tensorboard``
+would pull torch into the delivery process; ``tensorboard.summary.Writer`` writes only scalars, as
+tensors that ``EventAccumulator.Scalars`` does not return. Scalars are written as ``simple_value``,
+like ``torch.utils.tensorboard`` and the HF ``TensorBoardCallback``, so every TensorBoard reader (the
+default Rust data server included) shows them. Each ``write_*`` call flushes its events to the file
+before returning.
+
+Backwards steps: TensorBoard's default data server treats a lower step as a restart of the job and
+discards, from the view, the earlier points of that tag at steps >= the new one (one late value at
+step 10 would hide steps 10..49). So a value whose step is below the highest step already written
+for its tag goes to a sibling TensorBoard run, ``<logdir>/out_of_order`` (a further step back there
+goes to ``out_of_order_2``, ...): every run keeps increasing steps per tag, nothing is hidden, and the
+late point shows as a second series on the same chart. An equal step stays in the run (TensorBoard
+shows the last value written at that step; the event file keeps both).
+
+Read back with::
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0, "tensors": 0}); acc.Reload()
+    acc.Scalars("reward")                                      # [ScalarEvent(wall_time, step, value)]
+    acc.Tensors("completions/text_summary")[0].tensor_proto.string_val[0].decode()
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import time
+from typing import Any, Mapping, Sequence
+
+from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.sink import Capabilities
+
+TEXT_SUFFIX = "/text_summary"
+CONFIG_TAG = "config" + TEXT_SUFFIX
+STATUS_TAG = "status" + TEXT_SUFFIX
+RESERVED_TABLE_NAMES = ("config", "status")
+OUT_OF_ORDER = "out_of_order"
+ELLIPSIS = "\u2026"
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|])")
+_EDGE_SPACE = re.compile(r"^\s+|\s+$")
+
+
+def table_tag(name: str) -> str:
+    """The TensorBoard tag a table named ``name`` is written under.
+
+    ``<name>/text_summary``, like ``torch.utils.tensorboard``'s ``add_text``; tables named ``config`` or
+    ``status`` become ``table/<name>/text_summary`` so they do not mix with the run's own config and
+    status entries.
+    """
+    return ("table/" + name if name in RESERVED_TABLE_NAMES else name) + TEXT_SUFFIX
+
+
+def format_cell(value: Any) -> str:
+    """The text a table cell shows (and what the reader gives back, before shortening).
+
+    ``None`` -> ``""``; ``bool`` -> ``"True"``/``"False"``; ``float`` -> ``repr`` (round-trips, ``nan``,
+    ``inf``); lists and dicts -> JSON; everything else -> ``str``.
+
+    Example:
+        >>> [format_cell(v) for v in (None, True, 0.1, 3, "a|b", [1, 2])]
+        ['', 'True', '0.1', '3', 'a|b', '[1, 2]']
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return str(value)
+
+
+def escape_cell(text: str) -> str:
+    """``text`` as the content of one Markdown table cell that renders as exactly ``text``.
+
+    HTML-escapes ``& < >`` (so ``<think>`` shows as text), backslash-escapes the Markdown characters
+    ``\\ ` * _ [ ] |``, writes leading/trailing whitespace and ``\\r`` as numeric entities (a table
+    cell is stripped otherwise) and newlines as ``<br>``. :func:`unescape_cell` inverts it.
+    """
+    text = html.escape(text, quote=False)
+    text = _MD_SPECIAL.sub(r"\\\1", text)
+    text = _EDGE_SPACE.sub(lambda m: "".join(f"&#{ord(c)};" for c in m.group(0)), text)
+    return text.replace("\r", "&#13;").replace("\n", "<br>")
+
+
+def unescape_cell(cell: str) -> str:
+    """Inverse of :func:`escape_cell` (only the entities it writes are decoded)."""
+    cell = cell.replace("<br>", "\n")
+    cell = re.sub(r"\\(.)", r"\1", cell, flags=re.S)
+    entities = {"lt": "<", "gt": ">", "amp": "&"}
+    return re.sub(r"&(lt|gt|amp|#\d+);", lambda m: entities.get(m.group(1)) or chr(int(m.group(1)[1:])), cell)
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], max_cell_chars: int | None = None) -> str:
+    """A Markdown table of ``rows``; cells longer than ``max_cell_chars`` are cut and end with "…",
+    with a note line under the table saying how many were shortened."""
+    if not columns:
+        return f"_(empty table: no columns, {len(rows)} rows)_"
+    shortened = 0
+    lines = ["| " + " | ".join(escape_cell(str(c)) for c in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = []
+        for column in columns:
+            text = format_cell(row.get(column))
+            if max_cell_chars is not None and len(text) > max_cell_chars:
+                text = text[:max_cell_chars] + ELLIPSIS
+                shortened += 1
+            cells.append(escape_cell(text))
+        lines.append("| " + " | ".join(cells) + " |")
+    if shortened:
+        lines += ["", f"_{shortened} cell{'s' if shortened != 1 else ''} shortened to {max_cell_chars} characters (ending in \u2026)._"]
+    return "\n".join(lines)
+
+
+def parse_markdown_table(text: str) -> list[dict[str, str]]:
+    """Rows (column -> cell text) of the first table :func:`markdown_table` wrote in ``text``."""
+    lines = [line for line in text.split("\n") if line.startswith("|")]
+    if len(lines) < 2:
+        return []
+    header = _split_row(lines[0])
+    return [dict(zip(header, _split_row(line))) for line in lines[2:]]
+
+
+def _split_row(line: str) -> list[str]:
+    cells, current, i = [], [], 1  # skip the leading "|"
+    while i < len(line):
+        c = line[i]
+        if c == "\\" and i + 1 < len(line):
+            current.append(line[i : i + 2])
+            i += 2
+            continue
+        if c == "|":
+            cells.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+        i += 1
+    return [unescape_cell(cell[1:-1] if cell.startswith(" ") and cell.endswith(" ") else cell.strip()) for cell in cells]
+
+
+class TensorBoardSink:
+    """Writes rllog records as TensorBoard event files.
+
+    Args:
+        logdir: the run's log directory. Default ``$TENSORBOARD_LOGGING_DIR/<run name>`` if that
+            variable is set, else ``<run_dir>/tensorboard``.
+        max_cell_chars: table cells longer than this are shortened (with "…" and a note under the
+            table); ``None`` keeps them whole.
+        hparams: also write the config for TensorBoard's HPARAMS dashboard (and the run's end status
+            as the session status).
+
+    Example:
+        >>> run = rllog.init(report_to="tensorboard", project="grpo-math", config=args)
+        >>> run.log({"reward": 0.41}, step=10)
+        >>> run.finish()
+        $ tensorboard --logdir $TENSORBOARD_LOGGING_DIR
+    """
+
+    capabilities = Capabilities(tables=True, config=True, alerts=False)
+
+    def __init__(self, logdir: str | None = None, max_cell_chars: int | None = 500, hparams: bool = True):
+        self.logdir = logdir
+        self.max_cell_chars = max_cell_chars
+        self.hparams = hparams
+        self._layers: list[_Layer] = []
+        self._last_step = 0
+
+    def open(self, run_info: RunInfo) -> None:
+        if self.logdir is None:
+            base = os.environ.get("TENSORBOARD_LOGGING_DIR")
+            self.logdir = os.path.join(base, run_info.name) if base else os.path.join(run_info.run_dir, "tensorboard")
+        self._layers = [_Layer(self._layer_path(0))]
+        self._recover()
+        main = self._layers[0].writer()  # the run appears in TensorBoard at once
+        config = dict(run_info.config)
+        text = markdown_table(["key", "value"], [{"key": k, "value": v} for k, v in config.items()])
+        main.add_event(_text_event(CONFIG_TAG, text, step=0, wall_time=time.time()))
+        if self.hparams:
+            from tensorboard.compat.proto import event_pb2
+            from tensorboard.plugins.hparams import summary_v2 as hp
+
+            values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in config.items()}
+            summary = hp.hparams_pb(values, trial_id=run_info.run_id)
+            main.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
+        self.flush()
+
+    def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        for r in records:
+            by_layer: dict[int, list] = {}
+            for key, value in r.values.items():
+                by_layer.setdefault(self._layer_for(key, r.step), []).append(summary_pb2.Summary.Value(tag=key, simple_value=value))
+            for i, values in by_layer.items():
+                self._layers[i].writer().add_event(event_pb2.Event(wall_time=r.time, step=r.step, summary=summary_pb2.Summary(value=values)))
+            self._last_step = max(self._last_step, r.step)
+        self.flush()  # in the OS's hands before the delivery layer moves its cursor past the batch
+
+    def write_table(self, record: TableRecord) -> None:
+        tag = table_tag(record.name)
+        text = markdown_table(record.table.column_names, record.table.to_pylist(), self.max_cell_chars)
+        self._layers[self._layer_for(tag, record.step)].writer().add_event(_text_event(tag, text, step=record.step, wall_time=record.time))
+        self._last_step = max(self._last_step, record.step)
+        self.flush()
+
+    def flush(self) -> None:
+        for layer in self._layers:
+            layer.flush()
+
+    def close(self, status: str) -> None:
+        if not self._layers:
+            return
+        now = time.time()
+        main = self._layers[0].writer()
+        main.add_event(_text_event(STATUS_TAG, status, step=self._last_step, wall_time=now))
+        if self.hparams:
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+            from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+            code = api_pb2.STATUS_SUCCESS if status == "finished" else api_pb2.STATUS_FAILURE
+            data = plugin_data_pb2.HParamsPluginData(session_end_info=plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=now))
+            summary = summary_pb2.Summary()
+            summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)
+            main.add_event(event_pb2.Event(wall_time=now, step=self._last_step, summary=summary))
+        for layer in self._layers:
+            layer.close()
+        self._layers = []
+
+    def _recover(self) -> None:
+        """On a reopen (replay), learn each tag's highest step from the files already there, so a
+        step that goes back across the restart still goes to an out-of-order layer."""
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+        while True:
+            layer = self._layers[-1]
+            files = sorted(f for f in os.listdir(layer.path) if "tfevents" in f) if os.path.isdir(layer.path) else []
+            for name in files:
+                for event in LegacyEventFileLoader(os.path.join(layer.path, name)).Load():
+                    for value in event.summary.value:
+                        if value.tag not in (CONFIG_TAG, STATUS_TAG) and not value.tag.startswith("_hparams_/"):
+                            layer.high[value.tag] = max(layer.high.get(value.tag, event.step), event.step)
+                            self._last_step = max(self._last_step, event.step)
+            nxt = self._layer_path(len(self._layers))
+            if not os.path.isdir(nxt):
+                return
+            self._layers.append(_Layer(nxt))
+
+    def _layer_path(self, i: int) -> str:
+        """Layer 0 is the run's directory, then ``out_of_order``, ``out_of_order_2``, ..."""
+        return self.logdir if i == 0 else os.path.join(self.logdir, OUT_OF_ORDER if i == 1 else f"{OUT_OF_ORDER}_{i}")
+
+    def _layer_for(self, tag: str, step: int) -> int:
+        """The first layer where ``step`` does not go below ``tag``'s highest step; a new one if none."""
+        for i, layer in enumerate(self._layers):
+            if step >= layer.high.get(tag, step):
+                layer.high[tag] = step
+                return i
+        self._layers.append(_Layer(self._layer_path(len(self._layers))))
+        self._layers[-1].high[tag] = step
+        return len(self._layers) - 1
+
+
+class _Layer:
+    """One TensorBoard run directory and, per tag, the highest step written to it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.high: dict[str, int] = {}
+        self._writer = None
+
+    def writer(self):
+        if self._writer is None:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            # A new file per open; on a resume TensorBoard reads the directory's files in name
+            # (= creation time) order. No SessionLog.START is written: it would make TensorBoard
+            # discard the earlier events with higher steps.
+            self._writer = EventFileWriter(self.path, max_queue_size=1000)
+        return self._writer
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def _text_event(tag: str, text: str, *, step: int, wall_time: float):
+    from tensorboard.compat.proto import event_pb2
+    from tensorboard.plugins.text import summary_v2 as text_summary
+
+    return event_pb2.Event(wall_time=wall_time, step=step, summary=text_summary.text_pb(tag, text))

@@ -1,0 +1,414 @@
+"""Weights & Biases backend: metrics, tables and config to a wandb run (online or offline).
+
+One rllog run is one wandb run. Its wandb id is derived from ``run_info.run_id``
+(:func:`wandb_run_id`) and the run is opened with ``resume="allow"``, so ``rllog replay`` after a
+crash continues the same wandb run instead of creating a second one.
+
+**Steps.** wandb drops, with only a warning, any row whose ``step=`` is lower than the run's current
+step. rllog never passes ``step=``: wandb's own ``_step`` counts the ``log`` calls (one row per
+record), and the rllog step goes into its own key, ``rllog/step``, declared as the x-axis of every
+metric with ``define_metric("*", step_metric="rllog/step")`` (the same recipe as transformers'
+``WandbCallback``). A record whose step goes back is therefore stored like any other.
+
+**Names.** Metric names are used as they are (``rewards/accuracy/mean`` groups under ``rewards`` in
+the UI). The keys wandb writes itself (``_step``, ``_runtime``, ``_timestamp``, ``_wandb``) and the
+step key are renamed with an ``rllog/`` prefix (``_step`` -> ``rllog/_step``): wandb would otherwise
+overwrite the value or corrupt its own.
+
+**Tables** become ``wandb.Table`` objects logged at the record's step. wandb keeps at most 10,000
+rows of a table logged this way and cuts the rest without an error, so a larger table is logged as
+parts ``<name>/part_0``, ``<name>/part_1``, ... of at most ``max_table_rows`` rows each, all in one
+row of the history (same step).
+
+**Status.** ``close(status)`` calls ``run.finish(exit_code=...)``: ``finished`` -> 0, ``failed`` -> 1,
+``killed`` -> 255 (wandb has no "killed" state: the UI shows a non-zero exit as failed).
+
+Example:
+    >>> run = rllog.init(report_to="wandb", project="grpo-math")   # WANDB_MODE=offline works too
+    >>> run.log({"reward": 0.4}, step=1)
+    >>> run.finish()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import re
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Sequence
+
+from rllog.errors import RateLimited, TransientError
+from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.sink import Capabilities
+
+STEP_KEY = "rllog/step"
+MAX_TABLE_ROWS = 10_000  # wandb.Table.MAX_ROWS: rows beyond it are cut when a table is logged
+RESERVED_KEYS = frozenset({"_step", "_runtime", "_timestamp", "_wandb"})
+EXIT_CODES = {"finished": 0, "failed": 1, "killed": 255}
+MAX_TAG_CHARS = 64
+MAX_PROJECT_CHARS = 128
+LOG_BLOCK = 32 * 1024  # the .wandb transaction log's block size (LevelDB log format)
+log = logging.getLogger("rllog.backends.wandb")
+_ID_OK = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_HTTP_STATUS = re.compile(r"(?:HTTP|status(?:[ _]code)?|response code|returned error)\W{0,3}([45]\d\d)\b", re.IGNORECASE)
+
+
+def wandb_run_id(run_id: str) -> str:
+    """The wandb run id for an rllog ``run_id``: itself when wandb allows it, else a stable safe form.
+
+    wandb ids may not contain ``/ \\ # ? % : ; , '``; we keep ``[A-Za-z0-9_-]`` and at most 64
+    characters. Anything else is replaced and a short hash of the original is appended, so two
+    different rllog ids never share a wandb run.
+    """
+    if _ID_OK.match(run_id):
+        return run_id
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", run_id).strip("-")[:40]
+    digest = hashlib.sha1(run_id.encode("utf-8")).hexdigest()[:12]
+    return f"{safe}-{digest}" if safe else digest
+
+
+def wandb_key(key: str, step_key: str = STEP_KEY) -> str:
+    """A metric or table name as logged to wandb (only wandb's own keys and the step key change)."""
+    return f"rllog/{key}" if key in RESERVED_KEYS or key == step_key else key
+
+
+def exit_code_for(status: str) -> int:
+    """The ``run.finish`` exit code for an rllog status (an unknown status counts as failed)."""
+    return EXIT_CODES.get(status, 1)
+
+
+def status_for(exit_code: int) -> str:
+    """The rllog status for a wandb exit code (inverse of :func:`exit_code_for`)."""
+    return {v: k for k, v in EXIT_CODES.items()}.get(exit_code, "failed")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it wraps (wandb's ``CommError.exc``, ``__cause__``, ``__context__``)."""
+    out: list[BaseException] = []
+    stack: list[Any] = [exc]
+    while stack:
+        e = stack.pop(0)
+        if isinstance(e, BaseException) and all(e is not x for x in out):
+            out.append(e)
+            stack.extend((getattr(e, "exc", None), e.__cause__, e.__context__))
+    return out
+
+
+def _http_status(exc: BaseException) -> tuple[int | None, Any]:
+    """(HTTP status, response or None) from a response in ``exc``'s chain, else from a message."""
+    chain = _chain(exc)
+    for e in chain:
+        response = getattr(e, "response", None)
+        for status in (getattr(response, "status_code", None), getattr(response, "status", None), getattr(e, "status_code", None)):
+            if isinstance(status, int) and 100 <= status <= 599:
+                return status, response
+    for e in chain:
+        match = _HTTP_STATUS.search(str(e))
+        if match:
+            return int(match.group(1)), None
+    return None, None
+
+
+def _retry_after(response: Any) -> float | None:
+    headers = getattr(response, "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("Retry-After")
+    except Exception:
+        return None
+    from rllog.delivery import parse_retry_after
+
+    return parse_retry_after(value)
+
+
+def map_error(exc: BaseException) -> BaseException:
+    """Translate an exception from wandb into rllog's retryable errors, or return it unchanged.
+
+    - HTTP 429 anywhere in the chain (a ``response.status_code``, or ``HTTP 429`` in wandb's message)
+      -> :class:`RateLimited`, with ``Retry-After`` when a response carries it.
+    - HTTP 5xx or 408 -> :class:`TransientError`.
+    - a ``wandb.errors.CommError`` without an HTTP status (timeouts, dropped connections), Python's
+      ``ConnectionError``/``TimeoutError`` and ``requests`` connection errors -> :class:`TransientError`.
+    - everything else (``AuthenticationError``, ``UsageError``, other HTTP 4xx, bugs) is returned as is:
+      retrying would not help.
+    """
+    if isinstance(exc, TransientError):
+        return exc
+    status, response = _http_status(exc)
+    if status == 429:
+        return RateLimited(_retry_after(response), message=f"wandb: {exc}")
+    if status is not None and (500 <= status <= 599 or status == 408):
+        return TransientError(f"wandb: HTTP {status}: {exc}")
+    if status is not None:
+        return exc
+    try:
+        from wandb.errors import AuthenticationError, CommError
+    except ImportError:  # pragma: no cover - wandb not installed
+        AuthenticationError = CommError = ()  # type: ignore[assignment]
+    if isinstance(exc, AuthenticationError):
+        return exc
+    transient: tuple[type, ...] = (ConnectionError, TimeoutError)
+    if CommError:
+        transient += (CommError,)
+    try:
+        import requests
+
+        transient += (requests.ConnectionError, requests.Timeout)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(exc, transient):
+        return TransientError(f"wandb: {type(exc).__name__}: {exc}")
+    return exc
+
+
+class _Mapped:
+    """Context manager re-raising wandb's retryable errors as rllog's."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and isinstance(exc, Exception):
+            mapped = map_error(exc)
+            if mapped is not exc:
+                raise mapped from exc
+        return False
+
+
+def exit_written(path: str | os.PathLike) -> bool:
+    """Whether the run's ``.wandb`` transaction log already holds its exit record.
+
+    Reads only the last one or two 32 KiB blocks: the exit record is the last record wandb writes.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(7, (size // LOG_BLOCK - 1) * LOG_BLOCK)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return False
+    pos, pending = start, None
+    end = start + len(data)
+    while pos + 7 <= end:
+        left = LOG_BLOCK - pos % LOG_BLOCK
+        if left < 7:
+            pos += left
+            continue
+        crc, length, kind = struct.unpack_from("<IHB", data, pos - start)
+        chunk = data[pos - start + 7:pos - start + 7 + length]
+        if kind == 0 or len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            return False
+        pos += 7 + length
+        if kind == 2:
+            pending = chunk
+            continue
+        if kind == 3:
+            pending = pending + chunk if pending is not None else None
+            continue
+        if kind == 4:
+            payload, pending = (pending + chunk if pending is not None else None), None
+        else:
+            payload = chunk
+        if payload is not None:
+            record = pb.Record()
+            try:
+                record.ParseFromString(payload)
+            except Exception:
+                continue
+            if record.WhichOneof("record_type") == "exit":
+                return True
+    return False
+
+
+def _cell(value: Any) -> Any:
+    """A table cell wandb can write as JSON: scalars and lists/dicts as they are, bytes decoded, the rest ``str``."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, (list, tuple)):
+        return [_cell(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _cell(v) for k, v in value.items()}
+    return str(value)
+
+
+def _clean_project(project: str) -> str:
+    return re.sub(r"[/\\#?%:]", "-", project)[:MAX_PROJECT_CHARS] or "rllog"
+
+
+def _clean_tags(tags: Sequence[str]) -> list[str]:
+    return [str(t)[:MAX_TAG_CHARS] for t in tags if str(t)]
+
+
+class WandbSink:
+    """Writes metrics, tables and config to a Weights & Biases run.
+
+    Every option is optional; wandb's own environment variables (``WANDB_MODE``, ``WANDB_ENTITY``,
+    ``WANDB_RUN_GROUP``, ``WANDB_JOB_TYPE``, ``WANDB_API_KEY``, ``WANDB_BASE_URL``...) apply as usual.
+
+    Args:
+        project: wandb project; default ``run_info.project`` (characters wandb rejects, ``/\\#?%:``,
+            become ``-``; at most 128 characters).
+        entity: wandb entity (user or team); default ``WANDB_ENTITY`` / your default entity.
+        group: run group; default ``WANDB_RUN_GROUP``.
+        job_type: job type; default ``WANDB_JOB_TYPE``.
+        mode: ``"online"``, ``"offline"`` or ``"disabled"``; default ``WANDB_MODE`` (else online).
+        dir: where wandb writes its ``wandb/`` folder; default ``WANDB_DIR``, else the rllog run directory.
+        id: the wandb run id; default derived from ``run_info.run_id`` (:func:`wandb_run_id`).
+        resume: wandb's ``resume`` argument; default ``"allow"`` (continue the run with this id if it exists).
+        step_key: the history key that holds the rllog step (the x-axis of every metric).
+        max_table_rows: rows per logged ``wandb.Table`` (at most wandb's 10,000); larger tables are
+            split into ``<name>/part_<i>``.
+        settings: extra ``wandb.Settings`` fields (e.g. ``{"x_disable_stats": True}``); rllog sets
+            ``console="off"`` (the delivery process's output is not the training log) unless given here.
+        close_timeout: seconds ``close`` waits, after ``run.finish``, for wandb's service to write the
+            run's exit record to the local ``.wandb`` file (``run.finish`` can return before it does).
+
+    Example:
+        >>> sink = WandbSink(entity="my-team", settings={"x_disable_stats": True})
+        >>> run = rllog.init(report_to=[sink], project="grpo-math")
+    """
+
+    capabilities = Capabilities(tables=True, config=True, alerts=False)
+
+    def __init__(
+        self,
+        project: str | None = None,
+        entity: str | None = None,
+        group: str | None = None,
+        job_type: str | None = None,
+        mode: str | None = None,
+        dir: str | None = None,
+        id: str | None = None,
+        resume: str | None = "allow",
+        step_key: str = STEP_KEY,
+        max_table_rows: int = MAX_TABLE_ROWS,
+        settings: dict[str, Any] | None = None,
+        close_timeout: float = 30.0,
+    ):
+        if max_table_rows < 1:
+            raise ValueError("max_table_rows must be at least 1")
+        self.project = project
+        self.entity = entity
+        self.group = group
+        self.job_type = job_type
+        self.mode = mode
+        self.dir = dir
+        self.id = id
+        self.resume = resume
+        self.step_key = step_key
+        self.max_table_rows = max_table_rows
+        self.settings = dict(settings or {})
+        self.close_timeout = close_timeout
+        self._run: Any = None
+        self._last_seq = 0
+
+    @property
+    def run(self) -> Any:
+        """The ``wandb.Run`` while the sink is open, else None."""
+        return self._run
+
+    def open(self, run_info: RunInfo) -> None:
+        self._last_seq = 0
+        if self._run is None:
+            import wandb
+
+            directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            settings = {"console": "off", **self.settings}
+            with _Mapped():
+                self._run = wandb.init(
+                    project=_clean_project(self.project or run_info.project),
+                    entity=self.entity,
+                    group=self.group,
+                    job_type=self.job_type,
+                    mode=self.mode,
+                    name=run_info.name,
+                    id=self.id or wandb_run_id(run_info.run_id),
+                    resume=self.resume,
+                    config=dict(run_info.config),
+                    allow_val_change=True,  # a resumed run gets the same config again
+                    tags=_clean_tags(run_info.tags) or None,
+                    dir=str(directory),
+                    # A new run object every time, without touching wandb.run: works from any
+                    # thread, several times per process, next to the user's own wandb run.
+                    reinit="create_new",
+                    settings=wandb.Settings(**settings),
+                )
+        with _Mapped():
+            self._run.define_metric(self.step_key)
+            self._run.define_metric("*", step_metric=self.step_key)
+
+    def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        run = self._require_run()
+        for record in records:
+            if record.seq <= self._last_seq:  # already logged by an earlier attempt of this call
+                continue
+            if record.values:
+                row = {wandb_key(k, self.step_key): float(v) for k, v in record.values.items()}
+                row[self.step_key] = record.step
+                with _Mapped():
+                    run.log(row)
+            self._last_seq = record.seq
+
+    def write_table(self, record: TableRecord) -> None:
+        run = self._require_run()
+        if record.seq <= self._last_seq:
+            return
+        import wandb
+
+        table = record.table
+        columns = [str(c) for c in table.column_names]
+        rows = [list(r) for r in zip(*(table.column(i).to_pylist() for i in range(table.num_columns)))] if table.num_columns else []
+        rows = [[_cell(v) for v in r] for r in rows]
+        name = wandb_key(record.name, self.step_key)
+        n = min(self.max_table_rows, getattr(wandb.Table, "MAX_ROWS", MAX_TABLE_ROWS))  # never above wandb's cut
+        if len(rows) <= n:
+            parts = {name: rows}
+        else:
+            parts = {f"{name}/part_{i}": rows[i * n:(i + 1) * n] for i in range(math.ceil(len(rows) / n))}
+        row: dict[str, Any] = {key: wandb.Table(columns=columns, data=data, allow_mixed_types=True) for key, data in parts.items()}
+        row[self.step_key] = record.step
+        with _Mapped():
+            run.log(row)
+        self._last_seq = record.seq
+
+    def flush(self) -> None:
+        # wandb sends every `log` to its service process asynchronously; a summary read is a round
+        # trip through the same queue, so when it returns the service has all rows logged before.
+        if self._run is not None:
+            with _Mapped():
+                self._run.summary.keys()
+
+    def close(self, status: str) -> None:
+        if self._run is None:
+            return
+        run = self._run
+        sync_file = getattr(run.settings, "sync_file", None)
+        with _Mapped():
+            run.finish(exit_code=exit_code_for(status))
+        self._run = None
+        # run.finish() can return while wandb's service still holds the last records of the
+        # transaction log in its buffer; wait until the exit record is on disk.
+        if sync_file and os.path.exists(sync_file) and not getattr(run.settings, "x_skip_transaction_log", False):
+            deadline = time.monotonic() + self.close_timeout
+            while not exit_written(sync_file):
+                if time.monotonic() >= deadline:
+                    log.warning("rllog: wandb has not written the exit record of %s after %.0fs", sync_file, self.close_timeout)
+                    break
+                time.sleep(0.01)
+
+    def _require_run(self) -> Any:
+        if self._run is None:
+            raise RuntimeError("WandbSink: open() must be called before writing")
+        return self._run

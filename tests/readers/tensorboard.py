@@ -1,0 +1,88 @@
+"""Read a run back from TensorBoard's own event files, with TensorBoard's ``EventAccumulator``.
+
+- metrics: every scalar tag, ``[(step, value)]`` in the order logged (the run directory and its
+  ``out_of_order*`` layers merged by wall time). TensorBoard stores scalars as float32,
+  so values come back rounded to float32 (``0.41`` -> ``0.4099999964237213``); compare with
+  ``float(numpy.float32(x))`` or a relative tolerance of ~1e-7.
+- tables: every ``<name>/text_summary`` text tag except config/status, parsed back from Markdown;
+  cells are strings as :func:`rllog_backends.tensorboard.format_cell` renders them (``None`` -> ``""``,
+  ``0.5`` -> ``"0.5"``); cells longer than the sink's ``max_cell_chars`` end in "…".
+- config: from the HPARAMS plugin's session start info (bool, float, str; ints come back as floats,
+  ``None`` as ``"None"``); from the ``config`` Markdown table (all strings) if hparams were off.
+- status: the last ``status`` text entry.
+"""
+
+from __future__ import annotations
+
+import os
+
+from readers import ReadBack
+from rllog.records import STATUSES
+from rllog_backends.tensorboard import CONFIG_TAG, OUT_OF_ORDER, STATUS_TAG, TEXT_SUFFIX, parse_markdown_table
+
+
+def logdir_for(env: dict, run_info) -> str:
+    """Where the sink writes by default for ``run_info`` under the test's ``env``."""
+    base = env.get("TENSORBOARD_LOGGING_DIR")
+    return os.path.join(base, run_info.name) if base else os.path.join(run_info.run_dir, "tensorboard")
+
+
+def _text(event) -> str:
+    return event.tensor_proto.string_val[0].decode("utf-8")
+
+
+def _layers(logdir: str) -> list[str]:
+    """The run's directory, then its out-of-order layers (``out_of_order``, ``out_of_order_2``, ...)."""
+    extra = [d for d in os.listdir(logdir) if d == OUT_OF_ORDER or d.startswith(OUT_OF_ORDER + "_")] if os.path.isdir(logdir) else []
+    extra.sort(key=lambda d: 1 if d == OUT_OF_ORDER else int(d.rsplit("_", 1)[1]))
+    return [logdir] + [os.path.join(logdir, d) for d in extra]
+
+
+def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import metadata as hp_metadata
+
+    logdir = logdir or logdir_for(env, run_info)
+    accs = []
+    for path in _layers(logdir):
+        acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        accs.append(acc)
+    main = accs[0]
+    out = ReadBack()
+    # Events of the out-of-order layers are merged back by wall time (= the record's time), which
+    # restores the order the records were logged in.
+    scalars: dict[str, list] = {}
+    texts: dict[str, list] = {}
+    for acc in accs:
+        tags = acc.Tags()
+        for tag in tags["scalars"]:
+            scalars.setdefault(tag, []).extend(acc.Scalars(tag))
+        for tag in tags["tensors"]:
+            if tag.endswith(TEXT_SUFFIX) and tag not in (CONFIG_TAG, STATUS_TAG):
+                texts.setdefault(tag, []).extend(acc.Tensors(tag))
+    for tag, events in scalars.items():
+        out.metrics[tag] = [(e.step, e.value) for e in sorted(events, key=lambda e: e.wall_time)]
+    for tag, events in texts.items():
+        name = tag[: -len(TEXT_SUFFIX)]
+        if name.startswith("table/") and name[len("table/"):] in ("config", "status"):
+            name = name[len("table/"):]
+        out.tables[name] = [(e.step, parse_markdown_table(_text(e))) for e in sorted(events, key=lambda e: e.wall_time)]
+
+    tags = main.Tags()
+    try:
+        content = main.PluginTagToContent(hp_metadata.PLUGIN_NAME)
+    except KeyError:  # no hparams written
+        content = {}
+    if hp_metadata.SESSION_START_INFO_TAG in content:
+        info = hp_metadata.parse_session_start_info_plugin_data(content[hp_metadata.SESSION_START_INFO_TAG])
+        for key, value in info.hparams.items():
+            out.config[key] = getattr(value, value.WhichOneof("kind"))
+    elif CONFIG_TAG in tags["tensors"]:
+        rows = parse_markdown_table(_text(main.Tensors(CONFIG_TAG)[-1]))
+        out.config = {row["key"]: row["value"] for row in rows}
+
+    if STATUS_TAG in tags["tensors"]:
+        status = _text(main.Tensors(STATUS_TAG)[-1]).strip()
+        out.status = status if status in STATUSES else None
+    return out

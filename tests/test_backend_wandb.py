@@ -1,0 +1,378 @@
+"""The wandb backend against the real wandb library (offline), read back from wandb's own run files.
+
+Every run here is a real ``wandb.init`` in offline mode (``WANDB_MODE=offline`` from conftest) writing
+``<WANDB_DIR>/wandb/offline-run-*/run-<id>.wandb``; ``readers.wandb`` parses that file. Fakes appear
+only for fault injection (exceptions carrying HTTP 429/5xx).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("wandb")
+
+from readers import wandb as reader  # noqa: E402
+from rllog.errors import RateLimited, TransientError  # noqa: E402
+from rllog.records import MetricsRecord, RunInfo, TableRecord  # noqa: E402
+from rllog_backends.wandb import WandbSink, exit_written, map_error, wandb_run_id  # noqa: E402
+
+FAST = {"x_disable_stats": True}  # no system-metrics sampler: quicker init, nothing else changes
+GRPO_KEYS = [
+    "loss", "grad_norm", "learning_rate", "num_tokens", "reward", "reward_std", "frac_reward_zero_std", "entropy",
+    "kl", "step_time", "epoch", "completions/mean_length", "completions/min_length", "completions/max_length",
+    "completions/clipped_ratio", "completions/mean_terminated_length", "completions/min_terminated_length",
+    "completions/max_terminated_length", "rewards/accuracy/mean", "rewards/accuracy/std", "rewards/format/mean",
+    "rewards/format/std", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+    "clip_ratio/low_min", "clip_ratio/high_max", "val/ratio", "val/entropy", "objective/kl",
+]
+
+
+def info(tmp_path, run_id="abcd1234", **kw) -> RunInfo:
+    return RunInfo(project=kw.pop("project", "grpo-test"), name=kw.pop("name", "tiny"), run_dir=str(tmp_path / "run"), run_id=run_id, **kw)
+
+
+def metrics(seq, step, values):
+    return MetricsRecord(seq=seq, step=step, time=1_700_000_000.0 + seq, values=values)
+
+
+def table(seq, step, name, columns):
+    return TableRecord(seq=seq, step=step, time=1_700_000_000.0 + seq, name=name, table=pa.table(columns))
+
+
+def raw(env, run_info):
+    """Every (kind, message) of the run's .wandb files, oldest session first."""
+    return [rec for path in reader.run_files(env["WANDB_DIR"], wandb_run_id(run_info.run_id)) for rec in reader.iter_records(path)]
+
+
+def history_items(records):
+    """History rows as {key: value_json} (wandb's own keys included)."""
+    return [{"/".join(reader._key(i)): i.value_json for i in msg.item} for kind, msg in records if kind == "history"]
+
+
+def test_grpo_metrics_arrive_exactly_at_their_steps_even_going_back(tracker_dirs, tmp_path):
+    run_info = info(tmp_path)
+    sink = WandbSink(settings=FAST)
+    sink.open(run_info)
+    expected: dict[str, list] = {k: [] for k in GRPO_KEYS}
+    batch, seq = [], 0
+    for step in range(50):
+        seq += 1
+        values = {k: (step + 1) * 0.1 + j / 7 for j, k in enumerate(GRPO_KEYS)}
+        batch.append(metrics(seq, step, values))
+        for k, v in values.items():
+            expected[k].append((step, v))
+        if len(batch) == 16:
+            sink.write_metrics(batch)
+            batch = []
+    sink.write_metrics(batch)
+    # the step goes back: wandb would drop this row if we passed step=10 after step=49
+    sink.write_metrics([metrics(51, 10, {"reward": -1.25, "kl": 0.5})])
+    expected["reward"].append((10, -1.25))
+    expected["kl"].append((10, 0.5))
+    # one record wider than a 32 KiB block: exercises chunked (FIRST/MIDDLE/LAST) records in the log
+    wide = {f"wide/metric_{i:04d}": i / 3 for i in range(3000)}
+    sink.write_metrics([metrics(52, 50, wide)])
+    sink.flush()
+    sink.close("finished")
+
+    back = reader.read_back(tracker_dirs, run_info)
+    for key in GRPO_KEYS:
+        assert back.metrics[key] == expected[key], key
+    assert all(back.metrics[k] == [(50, v)] for k, v in wide.items())
+    assert set(back.metrics) == set(GRPO_KEYS) | set(wide)
+    assert back.status == "finished"
+
+    records = raw(tracker_dirs, run_info)
+    rows = history_items(records)
+    assert len(rows) == 52  # one wandb row per record, none dropped
+    assert [int(r["_step"]) for r in rows] == list(range(52))  # wandb's own step only ever grows
+    assert [int(r["rllog/step"]) for r in rows] == list(range(50)) + [10, 50]
+    step_metric = [(m.glob_name, m.step_metric) for kind, m in records if kind == "metric" and m.glob_name]
+    assert step_metric == [("*", "rllog/step")]
+    path = reader.run_files(tracker_dirs["WANDB_DIR"], wandb_run_id(run_info.run_id))[0]
+    assert path.stat().st_size > 3 * 32 * 1024
+    # close() waited for the exit record; a copy cut before it is recognised as unfinished
+    data = path.read_bytes()
+    assert exit_written(path)
+    cut = tmp_path / "cut.wandb"
+    for size in (len(data) - 3, len(data) - 40, 7, 40_000):
+        cut.write_bytes(data[:size])
+        assert not exit_written(cut), size
+
+
+def test_nan_inf_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
+    run_info = info(tmp_path)
+    sink = WandbSink(settings=FAST)
+    sink.open(run_info)
+    sink.write_metrics([
+        metrics(1, 3, {"loss": float("nan"), "grad_norm": float("inf"), "kl": float("-inf"), "reward": 1e308}),
+        metrics(2, 4, {}),  # nothing to log: no row
+        metrics(3, 5, {"_step": 7.0, "_runtime": 8.0, "_timestamp": 9.0, "_wandb": 10.0, "rllog/step": 11.0, "_mine": 12.0}),
+    ])
+    sink.close("finished")
+
+    back = reader.read_back(tracker_dirs, run_info)
+    assert math.isnan(back.metrics["loss"][0][1]) and back.metrics["loss"][0][0] == 3
+    assert back.metrics["grad_norm"] == [(3, math.inf)]
+    assert back.metrics["kl"] == [(3, -math.inf)]
+    assert back.metrics["reward"] == [(3, 1e308)]
+    # wandb's own keys (and the step key) are renamed, never overwritten
+    assert back.metrics["rllog/_step"] == [(5, 7.0)]
+    assert back.metrics["rllog/_runtime"] == [(5, 8.0)]
+    assert back.metrics["rllog/_timestamp"] == [(5, 9.0)]
+    assert back.metrics["rllog/_wandb"] == [(5, 10.0)]
+    assert back.metrics["rllog/rllog/step"] == [(5, 11.0)]
+    assert back.metrics["_mine"] == [(5, 12.0)]
+    rows = history_items(raw(tracker_dirs, run_info))
+    assert len(rows) == 2
+    assert (rows[0]["loss"], rows[0]["grad_norm"], rows[0]["kl"]) == ("NaN", "Infinity", "-Infinity")
+    assert [r["rllog/step"] for r in rows] == ["3", "5"]
+    assert float(rows[1]["_timestamp"]) > 1e9 and rows[1]["_step"] == "1"  # wandb's own values intact
+
+
+def test_tables_at_their_steps_with_new_columns_and_odd_cells(tracker_dirs, tmp_path):
+    run_info = info(tmp_path)
+    sink = WandbSink(settings=FAST)
+    sink.open(run_info)
+    sink.write_metrics([metrics(1, 0, {"reward": 0.5})])
+    sink.write_table(table(2, 0, "completions", {"prompt": ["2+2=", "3+3="], "completion": ["4", "six"], "reward": [1.0, 0.0]}))
+    sink.write_table(table(3, 20, "completions", {
+        "prompt": ["1+1="], "completion": ["2"], "reward": [float("nan")], "advantage": [None],
+        "tokens": [[1, 2, 3]], "raw": [b"caf\xc3\xa9"],
+    }))
+    sink.write_table(table(4, 20, "eval/samples", {"x": pa.array([], pa.string())}))
+    sink.close("finished")
+
+    back = reader.read_back(tracker_dirs, run_info)
+    assert back.tables["completions"][0] == (0, [
+        {"prompt": "2+2=", "completion": "4", "reward": 1.0},
+        {"prompt": "3+3=", "completion": "six", "reward": 0.0},
+    ])
+    step, rows = back.tables["completions"][1]
+    assert step == 20 and len(rows) == 1
+    assert math.isnan(rows[0].pop("reward"))
+    assert rows[0] == {"prompt": "1+1=", "completion": "2", "advantage": None, "tokens": [1, 2, 3], "raw": "café"}
+    assert back.tables["eval/samples"] == [(20, [])]
+    assert back.metrics == {"reward": [(0, 0.5)]}  # tables are not metrics
+
+
+def test_table_over_wandb_row_limit_is_split_not_truncated(tracker_dirs, tmp_path):
+    run_info = info(tmp_path)
+    sink = WandbSink(settings=FAST)
+    sink.open(run_info)
+    n = 10_001  # wandb.Table keeps 10,000 rows of a logged table and cuts the rest silently
+    sink.write_table(table(1, 7, "completions", {"i": list(range(n)), "text": [f"row {i}" for i in range(n)]}))
+    small = WandbSink(settings=FAST, max_table_rows=3)
+    sink.close("finished")
+    small.open(run_info)  # resumes the same wandb run
+    small.write_table(table(2, 8, "tiny", {"i": list(range(7))}))
+    small.close("finished")
+
+    back = reader.read_back(tracker_dirs, run_info)
+    assert "completions" not in back.tables
+    (s0, part0), = back.tables["completions/part_0"]
+    (s1, part1), = back.tables["completions/part_1"]
+    assert (s0, s1, len(part0), len(part1)) == (7, 7, 10_000, 1)
+    assert part0 + part1 == [{"i": i, "text": f"row {i}"} for i in range(n)]
+    assert [back.tables[f"tiny/part_{i}"] for i in range(3)] == [[(8, [{"i": 0}, {"i": 1}, {"i": 2}])], [(8, [{"i": 3}, {"i": 4}, {"i": 5}])], [(8, [{"i": 6}])]]
+    rows = history_items(raw(tracker_dirs, run_info))
+    assert sum(1 for r in rows if "completions/part_0/_type" in r) == 1  # all parts in one row
+
+
+def test_config_tags_and_status_codes(tracker_dirs, tmp_path):
+    config = {"learning_rate": 1e-6, "per_device_train_batch_size": 4, "model/name": "tiny-qwen", "hub_token": "***",
+              "use_vllm": False, "seed": None, "note": "x" * 5000}
+    statuses = {}
+    for run_id, status in (("st-finished", "finished"), ("st-failed", "failed"), ("st-killed", "killed")):
+        run_info = info(tmp_path, run_id=run_id, config=config, tags=("grpo", "t" * 100, ""))
+        sink = WandbSink(settings=FAST)
+        sink.open(run_info)
+        sink.write_metrics([metrics(1, 0, {"reward": 1.0})])
+        sink.close(status)
+        back = reader.read_back(tracker_dirs, run_info)
+        assert back.config == config
+        statuses[status] = back.status
+        records = raw(tracker_dirs, run_info)
+        exits = [m.exit_code for kind, m in records if kind == "exit"]
+        assert exits == [{"finished": 0, "failed": 1, "killed": 255}[status]]
+        run = next(m for kind, m in records if kind == "run")
+        assert (run.run_id, run.project, run.display_name) == (run_id, "grpo-test", "tiny")
+        assert list(run.tags) == ["grpo", "t" * 64]  # wandb rejects tags over 64 chars: cut; empty dropped
+    assert statuses == {"finished": "finished", "failed": "failed", "killed": "killed"}
+
+
+def test_replay_resumes_the_same_wandb_run_from_another_thread(tracker_dirs, tmp_path):
+    run_info = info(tmp_path, run_id="resume01", config={"lr": 0.1})
+    first = WandbSink(settings=FAST)
+    first.open(run_info)
+    first.write_metrics([metrics(i, i - 1, {"reward": float(i)}) for i in range(1, 4)])
+    first.close("killed")  # e.g. the trainer died; the rest is delivered later by `rllog replay`
+
+    errors = []
+
+    def replay():
+        try:
+            sink = WandbSink(settings=FAST)
+            sink.open(run_info)
+            sink.write_metrics([metrics(i, i - 1, {"reward": float(i)}) for i in range(4, 6)])
+            sink.write_table(table(6, 4, "completions", {"c": ["ok"]}))
+            sink.close("finished")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=replay)
+    thread.start()
+    thread.join(120)
+    assert not errors, errors
+
+    files = reader.run_files(tracker_dirs["WANDB_DIR"], "resume01")
+    assert len(files) == 2  # offline wandb writes each session to its own folder, same run id
+    back = reader.read_back(tracker_dirs, run_info)
+    assert back.metrics["reward"] == [(i - 1, float(i)) for i in range(1, 6)]
+    assert back.tables["completions"] == [(4, [{"c": "ok"}])]
+    assert back.config == {"lr": 0.1}
+    assert back.status == "finished"
+    assert {m.resume for path in files for kind, m in reader.iter_records(path) if kind == "run"} == {True}
+
+
+def test_without_wandb_dir_files_go_to_the_run_dir(tracker_dirs, tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_DIR")
+    run_info = info(tmp_path, run_id="no/dir:id")  # not a valid wandb id as it is
+    sink = WandbSink(settings=FAST)
+    sink.open(run_info)
+    assert sink.run.id == wandb_run_id("no/dir:id") != "no/dir:id"
+    sink.write_metrics([metrics(1, 2, {"reward": 0.25})])
+    sink.close("finished")
+    back = reader.read_back({"WANDB_DIR": run_info.run_dir}, run_info)
+    assert back.metrics == {"reward": [(2, 0.25)]}
+    assert not list((tmp_path / "wandb_dir").rglob("*.wandb"))
+
+
+def test_retried_calls_map_errors_and_never_log_twice(tracker_dirs, tmp_path, monkeypatch):
+    import wandb
+    from wandb.errors import CommError
+
+    run_info = info(tmp_path)
+    sink = WandbSink(settings=FAST)
+    real_init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda *a, **k: (_ for _ in ()).throw(CommError("HTTP 429: Too Many Requests")))
+    with pytest.raises(RateLimited):
+        sink.open(run_info)
+    assert sink.run is None
+    monkeypatch.setattr(wandb, "init", real_init)
+    sink.open(run_info)  # the delivery layer's retry
+
+    run = sink.run
+    real_log, calls = run.log, []
+
+    def fail_second(row, *a, **k):  # the 1st row goes through, the 2nd gets a 503
+        calls.append(row)
+        if len(calls) == 2:
+            raise CommError("HTTP 503: Service Unavailable")
+        return real_log(row, *a, **k)
+
+    monkeypatch.setattr(run, "log", fail_second)
+    batch = [metrics(i, i, {"reward": float(i)}) for i in range(1, 4)]
+    with pytest.raises(TransientError) as failure:
+        sink.write_metrics(batch)
+    assert not isinstance(failure.value, RateLimited)
+    sink.write_metrics(batch)  # the same call again, as the delivery layer retries it: row 1 not again
+    sink.write_metrics(batch)  # and once more: still nothing doubled
+    assert [c["rllog/step"] for c in calls] == [1, 2, 2, 3]
+    sink.close("finished")
+    assert reader.read_back(tracker_dirs, run_info).metrics["reward"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path):
+    import rllog
+
+    run = rllog.init(report_to="wandb", project="e2e", config={"lr": 0.5, "api_key": "sk-secret"},
+                     run_dir=tmp_path / "rllog", delivery="thread", flush_interval=0.05, health=False,
+                     backend_options={"wandb": {"settings": FAST}})
+    for step in range(5):
+        run.log({"reward": step / 4, "completions/mean_length": 10.0 + step}, step=step)
+    run.log({"reward": -1.0}, step=1)
+    run.log_table("completions", {"prompt": ["p"], "completion": ["c"]}, step=4)
+    assert run.finish(timeout=120).ok
+    back = reader.read_back(tracker_dirs, run.info)
+    assert back.metrics["reward"] == [(s, s / 4) for s in range(5)] + [(1, -1.0)]
+    assert back.metrics["completions/mean_length"] == [(s, 10.0 + s) for s in range(5)]
+    assert back.tables == {"completions": [(4, [{"prompt": "p", "completion": "c"}])]}
+    assert back.config["lr"] == 0.5 and back.config["api_key"] != "sk-secret"
+    assert back.status == "finished"
+
+
+# -- no wandb run needed below ---------------------------------------------------------------------
+
+
+def _http_error(status, headers=None):
+    import requests
+
+    response = requests.Response()
+    response.status_code = status
+    response.headers.update(headers or {})
+    return requests.HTTPError(f"{status} error", response=response)
+
+
+def test_error_mapping():
+    import requests
+    from wandb.apis.normalize import normalize_exceptions
+    from wandb.errors import AuthenticationError, CommError, UsageError
+
+    @normalize_exceptions  # wandb's own wrapper: requests.HTTPError -> CommError("HTTP 429 ...", exc)
+    def api_call():
+        raise _http_error(429, {"Retry-After": "7"})
+
+    with pytest.raises(CommError) as caught:
+        api_call()
+    mapped = map_error(caught.value)
+    assert isinstance(mapped, RateLimited) and mapped.retry_after == 7.0
+
+    date = "Wed, 21 Oct 2099 07:28:00 GMT"
+    assert map_error(_http_error(429, {"Retry-After": date})).retry_after > 1e9
+    assert map_error(CommError("HTTP 429: slow down")).retry_after is None
+    assert isinstance(map_error(CommError("HTTP 429: slow down")), RateLimited)
+    for exc in (_http_error(503), _http_error(500), CommError("HTTP 502 (Bad Gateway)"), CommError("returned error 504: timeout"),
+                CommError("Run initialization has timed out after 90.0 sec."), ConnectionResetError("reset"),
+                TimeoutError(), requests.ConnectionError("refused"), CommError("x", exc=_http_error(500))):
+        mapped = map_error(exc)
+        assert isinstance(mapped, TransientError) and not isinstance(mapped, RateLimited), exc
+    for exc in (AuthenticationError("bad key"), UsageError("bad arg"), CommError("HTTP 404: project not found"),
+                _http_error(403), ValueError("bug"), KeyError("k")):
+        assert map_error(exc) is exc
+
+
+def test_run_id_rules():
+    import wandb
+
+    assert wandb_run_id("abcd1234") == "abcd1234"
+    odd = ["a/b", "a:b", "a b", "x" * 100, "#?%;,'", "ünï"]
+    ids = [wandb_run_id(r) for r in odd]
+    assert len(set(ids)) == len(ids) and all(len(i) <= 64 for i in ids)
+    assert ids == [wandb_run_id(r) for r in odd]  # stable: a replay finds the same run
+    assert wandb_run_id("a/b") != wandb_run_id("a-b")
+    for run_id in ids:
+        assert wandb.Settings(run_id=run_id).run_id == run_id  # wandb's own validation accepts it
+
+
+def test_import_is_lazy_and_registry_builds_it_from_json_options():
+    code = "import sys, rllog, rllog_backends.wandb; assert 'wandb' not in sys.modules, 'wandb imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+    from rllog.registry import create
+
+    options = json.loads(json.dumps({"entity": "team", "settings": FAST, "max_table_rows": 500, "step_key": "train/step"}))
+    sink = create("wandb", options)
+    assert isinstance(sink, WandbSink)
+    assert (sink.entity, sink.settings, sink.max_table_rows, sink.step_key) == ("team", FAST, 500, "train/step")
+    assert sink.capabilities.tables and sink.capabilities.config and not sink.capabilities.alerts
+    with pytest.raises(RuntimeError):
+        sink.write_metrics([metrics(1, 0, {"a": 1.0})])
