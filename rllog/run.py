@@ -215,7 +215,7 @@ class Run(_Prepare):
         selected = parse_report_to(report_to)
         self._distributed = distributed.is_distributed()
         self._takes_tables = _takes_tables(selected) if self._distributed else True
-        run_id = secrets.token_hex(4)
+        run_id = secrets.token_hex(8)
         name = name or f"run-{run_id}"
         run_dir = Path(run_dir) if run_dir is not None else default_run_dir(name, run_id)
         try:
@@ -229,7 +229,9 @@ class Run(_Prepare):
         self.flush_interval = flush_interval
         self.delivery = delivery
         self.retry = retry or RetryPolicy()
-        options = {k: dict(v) for k, v in (backend_options or {}).items()}
+        from rllog.registry import resolve
+
+        options = {resolve(k).name: dict(v) for k, v in (backend_options or {}).items()}  # "comet" -> "comet_ml"
         # Names go to the agent process (or to threads); sink objects are always delivered in-process.
         self._named = [s for s in selected if isinstance(s, str)]
         self._objects = [s for s in selected if not isinstance(s, str)]

@@ -23,14 +23,25 @@ def _is_loopback(address) -> bool:
         return False  # any other host name would need DNS: not allowed
 
 
+def _record(address) -> None:
+    path = os.environ.get("RLLOG_NETGUARD_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {sys.argv[:2]} {address!r}\n")
+
+
 def _audit(event, args):
+    if event == "socket.getaddrinfo":  # a DNS lookup of anything but loopback names is already reaching out
+        host = args[0]
+        if isinstance(host, bytes):
+            host = host.decode(errors="replace")
+        if host is not None and not _is_loopback((host,)):
+            _record(("dns", host))
+            raise OSError(f"name resolution blocked by the rllog test suite: {host!r}")
     if event == "socket.connect":
         sock, address = args[0], args[1]
         if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
-            path = os.environ.get("RLLOG_NETGUARD_LOG")
-            if path:
-                with open(path, "a") as f:
-                    f.write(f"{os.getpid()} {sys.argv[:2]} {address!r}\n")
+            _record(address)
             raise OSError(f"network access blocked by the rllog test suite: {address!r}")
 
 
