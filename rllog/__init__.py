@@ -52,7 +52,9 @@ def init(report_to: Any = None, *, project: str = "rllog", name: str | None = No
 
     In a multi-process run (``torch.distributed`` initialised, or ``$RANK`` set), call it on every rank:
     global rank 0 gets the real run; the other ranks get a :class:`NullRun` that validates and takes part
-    in the cross-rank reduction but opens no tracker and writes no file.
+    in the cross-rank reduction but opens no tracker and writes no file. ``log`` is then a collective:
+    every rank must call it. Code that logs from rank 0 alone (its metrics already reduced) passes
+    ``reduce_across_ranks=False``, as the HF/TRL integration does.
     """
     global _current
     from rllog.distributed import global_rank

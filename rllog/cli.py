@@ -36,28 +36,47 @@ def cmd_backends(args) -> int:
 
 
 def cmd_show(args) -> int:
+    from rllog.catalog import explain, health
     from rllog.run import load_run_info, report
     from rllog.summary import summarise
 
     info, _ = load_run_info(args.run_dir)
     s = summarise(args.run_dir)
     steps = f"{min(s.steps)}..{max(s.steps)} ({len(s.steps)} distinct)" if s.steps else "none"
-    console.print(f"[bold]{info.project} / {info.name}[/bold]  run_id={info.run_id}  status={s.status or 'running or killed'}")
-    console.print(f"{args.run_dir}\nrecords: {s.records}   steps: {steps}")
+    console.print(f"[bold]{escape(info.project)} / {escape(info.name)}[/bold]  run_id={info.run_id}  status={s.status or 'running or killed'}")
+    console.print(f"{escape(str(args.run_dir))}\nrecords: {s.records}   steps: {steps}")
     table = Table(title="metrics")
     table.add_column("metric", overflow="fold")
     for col in ("last", "min", "max", "count"):
         table.add_column(col, justify="right")
+    table.add_column("health")
+    unhealthy: list[str] = []
     for key in sorted(s.metrics):
         m = s.metrics[key]
         extra = f" ({m.non_finite} NaN/inf)" if m.non_finite else ""
-        table.add_row(key, _fmt(m.last), _fmt(m.min) if m.min != math.inf else "-", _fmt(m.max) if m.max != -math.inf else "-", f"{m.count}{extra}")
+        state = health(key, m.last)
+        if state == "unhealthy":
+            unhealthy.append(key)
+        mark = {"ok": "[green]ok[/green]", "unhealthy": "[bold red]UNHEALTHY[/bold red]"}.get(state, "")
+        label = f"[bold red]{escape(key)}[/bold red]" if state == "unhealthy" else escape(key)
+        table.add_row(label, _fmt(m.last), _fmt(m.min) if m.min != math.inf else "-", _fmt(m.max) if m.max != -math.inf else "-", f"{m.count}{extra}", mark)
     console.print(table)
+    for key in unhealthy:
+        console.print(f"[bold red]unhealthy[/bold red] [bold]{escape(key)}[/bold] = {_fmt(s.metrics[key].last)} at step {s.metrics[key].last_step}: {escape(explain(key, s.metrics[key].last) or '')}")
+    alerts = list(getattr(s, "alerts", None) or [])
+    if alerts:
+        by_rule: dict[str, int] = {}
+        for a in alerts:
+            by_rule[a.rule] = by_rule.get(a.rule, 0) + 1
+        console.print(f"[bold]alerts[/bold]: {len(alerts)} ({', '.join(f'{r} x{n}' for r, n in sorted(by_rule.items()))}); latest:")
+        for a in alerts[-5:]:
+            colour = "red" if a.level == "error" else "yellow"
+            console.print(f"  [{colour}]step {a.step} {a.level.upper()} {escape('[' + a.rule + ']')} {escape(a.metric)}={_fmt(a.value)}: {escape(a.message)}[/{colour}]")
     for name, (n, rows) in sorted(s.tables.items()):
-        console.print(f"table [bold]{name}[/bold]: logged {n} times, {rows} rows")
+        console.print(f"table [bold]{escape(name)}[/bold]: logged {n} times, {rows} rows")
     for r in report(args.run_dir).values():
         colour = {"delivered": "green", "pending": "yellow", "failed": "red"}[r.state]
-        console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] ({r.delivered} delivered, {r.pending} pending){': ' + r.error if r.error else ''}")
+        console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] ({r.delivered} delivered, {r.pending} pending){': ' + escape(r.error) if r.error else ''}")
     return 0
 
 

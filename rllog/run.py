@@ -136,8 +136,8 @@ class NullRun(_Prepare):
     branches on rank.
     """
 
-    def __init__(self, report_to: Any = None, **kwargs: Any):
-        self._distributed = distributed.is_distributed()
+    def __init__(self, report_to: Any = None, reduce_across_ranks: bool | None = None, **kwargs: Any):
+        self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
         self._takes_tables = _takes_tables(parse_report_to(report_to))
         self.run_dir = None
         self.sink_names: list[str] = []
@@ -209,11 +209,14 @@ class Run(_Prepare):
         retry: RetryPolicy | None = None,
         health: Any = True,
         max_pending: int = 100_000,
+        reduce_across_ranks: bool | None = None,
     ):
         if delivery not in ("process", "thread"):
             raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
         selected = parse_report_to(report_to)
-        self._distributed = distributed.is_distributed()
+        # None: reduce when torch.distributed is up. False: only this process logs (a trainer that
+        # already reduced its metrics, like the HF/TRL integration, logs from the main process alone).
+        self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
         self._takes_tables = _takes_tables(selected) if self._distributed else True
         run_id = secrets.token_hex(8)
         name = name or f"run-{run_id}"

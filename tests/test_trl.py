@@ -107,3 +107,68 @@ def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model
     assert [r["_step"] for r in table] == [2, 2]
     assert [r["prompt"] for r in table] == [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in PROMPTS[:2]] or all(PROMPTS[i] in table[i]["prompt"] for i in range(2))
     assert all(isinstance(r["completion"], str) for r in table)
+
+
+ALL_TRACKERS = ["parquet", "wandb", "trackio", "tensorboard", "mlflow", "comet_ml"]
+
+
+def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dirs):
+    from readers import read_back
+
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=ALL_TRACKERS,
+                                rllog_options={"run_dir": str(run_dir), "project": "e2e", "health": False})
+    assert sorted(trainer.rllog_run.sink_names) == sorted(ALL_TRACKERS)
+    trainer.train()
+    report = trainer.rllog_run.finish(timeout=180)
+    assert report.ok, str(report)
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    for backend in ALL_TRACKERS:
+        got = read_back(backend, tracker_dirs, trainer.rllog_run.info)
+        assert GRPO_KEYS <= set(got.metrics), (backend, GRPO_KEYS - set(got.metrics))
+        assert [s for s, _ in sorted(got.metrics["digits/fraction"])] == [1, 2], backend  # reward fn's log_metric
+        assert [v for _, v in sorted(got.metrics["reward"])] == pytest.approx([h["reward"] for h in history], rel=1e-6), backend
+        steps = [s for s, _ in got.tables["completions"]]
+        assert steps == [1, 2], backend
+        rows = got.tables["completions"][-1][1]
+        assert len(rows) == 4 and {"prompt", "completion", "reward_has_digit", "n_chars", "advantage"} <= set(rows[0]), backend
+        assert [str(r["n_chars"]) for r in rows] == [str(len(r["completion"])) for r in rows] or backend == "tensorboard", backend
+
+
+TORCHRUN_GRPO = r'''
+import json, os, sys
+from rllog.demo import make_grpo_trainer
+model_dir, out = sys.argv[1], sys.argv[2]
+trainer = make_grpo_trainer(model_dir, os.path.join(out, "trainer"), steps=2, report_to=["parquet", "tensorboard"],
+                            rllog_options={"run_dir": os.path.join(out, "run"), "health": False})
+trainer.train()
+run = trainer.rllog_run
+report = run.finish() if run is not None else {}
+print(json.dumps({"rank": int(os.environ["RANK"]), "run": type(run).__name__, "ok": getattr(report, "ok", None)}), flush=True)
+'''
+
+
+def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path, tracker_dirs):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_GRPO)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), tiny_model, str(out)],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')), key=lambda r: r["rank"])
+    assert results == [{"rank": 0, "run": "Run", "ok": True}, {"rank": 1, "run": "NoneType", "ok": None}]
+    series = metric_series(out / "run")
+    assert [s for s, _ in series["reward"]] == [1, 2]
+    table = rllog.read_table(out / "run", "completions")
+    assert sorted(set(table.column("_step").to_pylist())) == [1, 2]
+    # one run directory, one journal writer, one TensorBoard run: nothing from rank 1
+    assert sorted(p.name for p in out.iterdir()) == ["run", "trainer"]
+    assert len(list((out / "run" / "journal").glob("*.rlj"))) == 1
+    tb_runs = [p for p in __import__("pathlib").Path(tracker_dirs["TENSORBOARD_LOGGING_DIR"]).rglob("events.out.tfevents.*")]
+    assert len({p.parent for p in tb_runs}) == 1, tb_runs

@@ -81,7 +81,8 @@ class RLLogCallback(TrainerCallback):
     def start(self, args: Any, model: Any = None) -> "rllog.Run":
         """Start the run now (idempotent)."""
         if self.run is None:
-            kwargs = {"project": "huggingface", "name": getattr(args, "run_name", None)} | self.init_kwargs
+            # The trainer has reduced its metrics across ranks already and logs from the main process only.
+            kwargs = {"project": "huggingface", "name": getattr(args, "run_name", None), "reduce_across_ranks": False} | self.init_kwargs
             self.run = rllog.init(report_to=self.report_to, config=trainer_config(args, model), **kwargs)
         return self.run
 
