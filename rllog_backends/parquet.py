@@ -4,6 +4,7 @@ Layout (``RUN_DIR/parquet/``)::
 
     metrics/part-000001.parquet ...     long format: step, key, value, time, seq
     tables/<name>/part-000001.parquet   _step, _seq, then the table's own columns
+    alerts/part-000001.parquet          step, seq, time, rule, metric, value, message, level
     run.json                            project, name, run_id, config, status
 
 A part file is written at every ``flush`` (the delivery layer flushes at least every
@@ -26,10 +27,12 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 
 METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())])
+ALERTS_SCHEMA = pa.schema([("step", pa.int64()), ("seq", pa.int64()), ("time", pa.float64()), ("rule", pa.string()), ("metric", pa.string()),
+                           ("value", pa.float64()), ("message", pa.string()), ("level", pa.string())])
 
 
 def table_dir_name(name: str) -> str:
@@ -93,13 +96,14 @@ class ParquetSink:
         >>> rllog.read_metrics(run.run_dir).to_pandas()
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=False)
+    capabilities = Capabilities(tables=True, config=True, alerts=True)
 
     def __init__(self, directory: str | None = None, compact: bool = True):
         self.directory = Path(directory) if directory else None
         self.compact = compact
         self._rows: list[tuple[int, str, float, float, int]] = []
         self._tables: dict[str, list[pa.Table]] = {}
+        self._alerts: list[dict] = []
 
     def open(self, run_info: RunInfo) -> None:
         self.directory = self.directory or Path(run_info.run_dir) / "parquet"
@@ -118,7 +122,15 @@ class ParquetSink:
         table = table.add_column(1, "_seq", pa.array([record.seq] * n, pa.int64()))
         self._tables.setdefault(record.name, []).append(table)
 
+    def write_alert(self, record: AlertRecord) -> None:
+        self._alerts.append({"step": record.step, "seq": record.seq, "time": record.time, "rule": record.rule, "metric": record.metric,
+                             "value": record.value, "message": record.message, "level": record.level})
+
     def flush(self) -> None:
+        if self._alerts:
+            (self.directory / "alerts").mkdir(exist_ok=True)
+            _write_atomic(pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA), _next_part(self.directory / "alerts"))
+            self._alerts = []
         if self._rows:
             columns = list(zip(*self._rows))
             table = pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA)], schema=METRICS_SCHEMA)
@@ -133,7 +145,7 @@ class ParquetSink:
     def close(self, status: str) -> None:
         self.flush()
         if self.compact:
-            for directory in [self.directory / "metrics", *(self.directory / "tables").glob("*")]:
+            for directory in [self.directory / "metrics", self.directory / "alerts", *(self.directory / "tables").glob("*")]:
                 self._compact(directory)
         self._meta["status"] = status
         self._write_meta()
@@ -142,7 +154,7 @@ class ParquetSink:
         parts = _parts(directory)
         if len(parts) < 2:
             return
-        merged = read_parts(directory, "seq" if directory.name == "metrics" else "_seq")
+        merged = read_parts(directory, "_seq" if directory.parent.name == "tables" else "seq")
         # Written under the last part's name; for the instant before the older parts are removed,
         # read_parts skips parts the merged file covers.
         _write_atomic(merged, parts[-1])
