@@ -20,9 +20,24 @@ from pathlib import Path
 AGENT_LOG = "agent.log"
 
 
+CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"
+
+
+def _trainer_stdout() -> int | None:
+    """A duplicate of the trainer's stdout for the console backend (the agent's own output goes to agent.log)."""
+    try:
+        return os.dup(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no real stdout (captured, closed)
+        return None
+
+
 def start_agent(run_dir: Path) -> subprocess.Popen:
     """Start the agent for ``run_dir``; returns at once (tracker imports happen in the child)."""
     log_file = open(Path(run_dir) / AGENT_LOG, "ab")
+    console_fd = _trainer_stdout()
+    env = dict(os.environ)
+    if console_fd is not None:
+        env[CONSOLE_FD_ENV] = str(console_fd)
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "rllog.agent", str(run_dir), "--follow", "--parent-pid", str(os.getpid())],
@@ -31,9 +46,13 @@ def start_agent(run_dir: Path) -> subprocess.Popen:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            pass_fds=(console_fd,) if console_fd is not None else (),
+            env=env,
         )
     finally:
         log_file.close()
+        if console_fd is not None:
+            os.close(console_fd)
 
 
 def stop_agent(proc: subprocess.Popen, deadline: float) -> bool:

@@ -187,3 +187,26 @@ def test_value_format(value, text):
 
 def test_duration_format():
     assert [fmt_duration(s) for s in (None, 5, 125, 3725)] == ["-", "0:05", "2:05", "1:02:05"]
+
+
+AGENT_CONSOLE = r"""
+import math, sys, rllog
+run = rllog.init(report_to="console", run_dir=sys.argv[1], flush_interval=0.05, backend_options={"console": {"every": 1}})
+for step in range(3):
+    run.log({"reward": 0.25 * step, "loss": math.nan if step == 2 else 0.5}, step=step)
+print("trainer says bye", flush=True)
+run.finish()
+"""
+
+
+def test_console_in_the_delivery_agent_writes_to_the_trainers_stdout(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", AGENT_CONSOLE, str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "trainer says bye" in out
+    assert "reward=0.5" in out.replace(" ", "") or "reward 0.5" in out  # the agent's lines reached the trainer's stdout
+    assert "non_finite" in out and "loss" in out  # the NaN-loss alert, shown by the console
+    assert "reward" not in (tmp_path / "r" / "agent.log").read_text()
