@@ -79,3 +79,18 @@ def tracker_dirs(tmp_path, monkeypatch):
 
         monkeypatch.setattr(comet_ml.experiment, "get_env_cloud_details", lambda *a, **k: None)
     yield {k: str(v) for k, v in dirs.items()} | {"MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"], "tmp": str(tmp_path)}
+
+
+PLUGINS = ROOT / "tests" / "plugins"
+
+
+@pytest.fixture
+def test_backends(monkeypatch):
+    """Registers the test-only backends (jsonl, hangs, crashes, down) through a real entry point,
+    in this process and in the delivery agents it starts."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")]))
+    import importlib
+
+    importlib.invalidate_caches()
+    return PLUGINS

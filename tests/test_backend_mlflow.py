@@ -8,20 +8,19 @@ real server, so the real MLflow REST client sees real responses.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import logging
 import math
 import os
 import random
 import shutil
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from fault_proxy import FaultProxy
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
 from readers.mlflow import find_run, read_back
 
@@ -346,61 +345,9 @@ def test_local_store_errors_map():
     assert raised(bad) is bad  # not retryable: propagates unchanged
 
 
-class _FaultProxy:
-    """A loopback HTTP proxy in front of the real server that fails chosen log-batch requests."""
-
-    def __init__(self, upstream: str):
-        host, port = upstream.removeprefix("http://").split(":")
-        self.faults: list[int | None] = []  # for the next log-batch requests: a status, or None to pass
-        self.log_batches = 0  # log-batch requests passed to the server
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _forward(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status = proxy.faults.pop(0) if "runs/log-batch" in self.path and proxy.faults else None
-                if status is not None:
-                    payload = json.dumps({"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "injected"}).encode()
-                    self.send_response(status)
-                    self.send_header("Retry-After", "30")
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                    return
-                if "runs/log-batch" in self.path:
-                    proxy.log_batches += 1
-                conn = http.client.HTTPConnection(host, int(port), timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
-                response = conn.getresponse()
-                data = response.read()
-                self.send_response(response.status)
-                for k, v in response.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-                conn.close()
-
-            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _forward
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.uri = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, monkeypatch):  # noqa: F811
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)  # restored after the test
-    proxy = _FaultProxy(mlflow_server)
+    proxy = FaultProxy(mlflow_server)
     try:
         info = make_info(tracker_dirs["tmp"], config={"lr": 1e-5, "api_key": "<redacted>"})
         sink = MlflowSink(tracking_uri=proxy.uri)
