@@ -111,10 +111,14 @@ class ParquetSink:
         self._meta = {"project": run_info.project, "name": run_info.name, "run_id": run_info.run_id, "config": dict(run_info.config), "tags": list(run_info.tags), "status": "running"}
         self._write_meta()
 
+    MAX_BUFFERED_ROWS = 100_000  # a part is written early past this: memory stays bounded while catching up
+
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         for r in records:
             for key, value in r.values.items():
                 self._rows.append((r.step, key, value, r.time, r.seq))
+        if len(self._rows) >= self.MAX_BUFFERED_ROWS:
+            self.flush()
 
     def write_table(self, record: TableRecord) -> None:
         n = record.table.num_rows

@@ -13,7 +13,9 @@ import time
 import pytest
 
 import rllog
+from readers import read_back
 from rllog.errors import RunFinished
+from rllog.run import load_run_info
 from sinks import MemorySink
 
 
@@ -31,7 +33,7 @@ import signal, sys, time, rllog
 previous_called = []
 if sys.argv[2] == "chained":
     signal.signal(signal.SIGTERM, lambda s, f: (print("previous handler ran", flush=True), sys.exit(3)))
-run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1)
+run = rllog.init(report_to="parquet,mlflow", run_dir=sys.argv[1], flush_interval=0.1)
 for i in range(50):
     run.log({"i": float(i)}, step=i)
 print("ready", flush=True)
@@ -40,7 +42,7 @@ time.sleep(600)
 
 
 @pytest.mark.parametrize("mode, returncode", [("default", -signal.SIGTERM), ("chained", 3)])
-def test_sigterm_closes_sinks_as_killed_and_chains_the_previous_handler(tmp_path, mode, returncode):
+def test_sigterm_closes_sinks_as_killed_and_chains_the_previous_handler(tmp_path, tracker_dirs, mode, returncode):
     run_dir = tmp_path / "r"
     proc = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, str(run_dir), mode], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
@@ -51,6 +53,24 @@ def test_sigterm_closes_sinks_as_killed_and_chains_the_previous_handler(tmp_path
     meta = json.loads((run_dir / "parquet" / "run.json").read_text())
     assert meta["status"] == "killed"
     assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(50)]
+    mlflow = read_back("mlflow", tracker_dirs, load_run_info(run_dir)[0])
+    assert mlflow.status == "killed" and mlflow.metrics["i"] == [(i, float(i)) for i in range(50)]
+
+
+EXCEPTION_CHILD = r"""
+import sys, rllog
+with rllog.init(report_to="parquet,mlflow", run_dir=sys.argv[1]) as run:
+    run.log({"loss": 0.5}, step=1)
+    raise RuntimeError("user code failed")
+"""
+
+
+def test_exception_in_user_code_closes_trackers_as_failed(tmp_path, tracker_dirs):
+    proc = subprocess.run([sys.executable, "-c", EXCEPTION_CHILD, str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "user code failed" in proc.stderr
+    assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["status"] == "failed"
+    mlflow = read_back("mlflow", tracker_dirs, load_run_info(tmp_path / "r")[0])
+    assert mlflow.status == "failed" and mlflow.metrics["loss"] == [(1, 0.5)]
 
 
 def test_killed_agent_is_restarted_and_nothing_is_lost(tmp_path):
