@@ -172,3 +172,27 @@ def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path
     assert len(list((out / "run" / "journal").glob("*.rlj"))) == 1
     tb_runs = [p for p in __import__("pathlib").Path(tracker_dirs["TENSORBOARD_LOGGING_DIR"]).rglob("events.out.tfevents.*")]
     assert len({p.parent for p in tb_runs}) == 1, tb_runs
+
+
+def test_rloo_with_mixin(tiny_model, tmp_path):
+    from datasets import Dataset
+    from trl import RLOOConfig, RLOOTrainer
+
+    from rllog.demo import PROMPTS, reward_has_digit
+    from rllog.integrations.trl import RLLogMixin
+
+    class Trainer(RLLogMixin, RLOOTrainer):
+        pass
+
+    args = RLOOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+                      max_steps=2, logging_steps=1, report_to=["parquet"], log_completions=True, num_completions_to_print=0, save_strategy="no")
+    trainer = Trainer(model=tiny_model, reward_funcs=[reward_has_digit], args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                      rllog_options={"run_dir": str(tmp_path / "run")})
+    trainer.train()
+    assert trainer.rllog_run.finish().ok
+    series = metric_series(tmp_path / "run")
+    history = [h for h in trainer.state.log_history if "reward" in h]
+    assert [v for _, v in series["reward"]] == [h["reward"] for h in history] and [s for s, _ in series["reward"]] == [1, 2]
+    assert [s for s, _ in series["digits/fraction"]] == [1, 2]
+    table = rllog.read_table(tmp_path / "run", "completions")
+    assert sorted(set(table.column("_step").to_pylist())) == [1, 2] and "n_chars" in table.column_names
