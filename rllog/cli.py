@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-console = Console()
+# Piped output (CI logs, `| less`) gets 120 columns rather than Rich's 80, so metric names fit on one line.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
 
 
 def _fmt(value: float) -> str:
