@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from rllog.errors import RateLimited, TransientError
 from rllog.sink import Capabilities
@@ -85,4 +86,14 @@ class CrashingSink(MemorySink):
         raise RuntimeError("tracker exploded")
 
 
-__all__ = ["MemorySink", "BlockingSink", "FlakySink", "CrashingSink", "RateLimited", "TransientError"]
+def wait_until(predicate, timeout: float = 60.0) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds passed (a condition, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+__all__ = ["wait_until", "MemorySink", "BlockingSink", "FlakySink", "CrashingSink", "RateLimited", "TransientError"]

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-
 import rllog
+from rllog.catalog import AlertDraft
 from rllog.sink import Capabilities
 from sinks import MemorySink
-
-
-@dataclass
-class Draft:
-    step: int
-    rule: str
-    metric: str
-    value: float
-    message: str
-    level: str = "warning"
 
 
 class ThresholdMonitor:
@@ -25,7 +14,7 @@ class ThresholdMonitor:
 
     def observe(self, step, values):
         x = values.get("x")
-        return [Draft(step, "x_high", "x", x, f"x is {x}")] if x is not None and x > 5 else []
+        return [AlertDraft(step, "x_high", "x", x, f"x is {x}")] if x is not None and x > 5 else []
 
 
 class AlertMemorySink(MemorySink):

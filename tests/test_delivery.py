@@ -15,18 +15,9 @@ import rllog
 from rllog.cli import main as cli_main
 from rllog.delivery import CursorStore, RetryPolicy, parse_retry_after
 from rllog.errors import RateLimited, SinkBusy, TransientError
-from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink
+from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
 
 FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
-
-
-def wait_until(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_blocked_sink_delays_neither_log_calls_nor_other_sinks(tmp_path):

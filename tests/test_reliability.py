@@ -16,16 +16,7 @@ import rllog
 from readers import read_back
 from rllog.errors import RunFinished
 from rllog.run import load_run_info
-from sinks import MemorySink
-
-
-def wait_until(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
+from sinks import MemorySink, wait_until
 
 
 SIGTERM_CHILD = r"""
