@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -27,24 +28,36 @@ def is_tensor(value: Any) -> bool:
     return cls.__module__.startswith("torch") and hasattr(value, "numel") and hasattr(value, "detach")
 
 
-def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested mappings with ``/``: ``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
-    if not isinstance(values, Mapping):
-        raise InvalidValue(f"log() takes a dict of metrics, got {type(values).__name__}")
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if not isinstance(key, str) or not key:
-            raise InvalidKey(f"metric names must be non-empty strings, got {key!r}")
-        name = f"{prefix}{key}"
+def _name(prefix: str, key: Any) -> str:
+    if type(key) is not str or not key:
+        raise InvalidKey(f"metric names must be non-empty strings, got {key!r}")
+    name = prefix + key if prefix else key
+    if not name.isascii():
         try:
             name.encode("utf-8")
         except UnicodeEncodeError:
             raise InvalidKey(f"metric name {name!r} is not valid Unicode text (it holds a lone surrogate)") from None
-        if isinstance(value, Mapping):
+    return name
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested mappings with ``/``: ``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
+    if type(values) is not dict and not isinstance(values, Mapping):
+        raise InvalidValue(f"log() takes a dict of metrics, got {type(values).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if type(key) is str and key and key.isascii():  # the common case, checked inline (hot path)
+            name = prefix + key if prefix else key
+        else:
+            name = _name(prefix, key)
+        if type(value) is dict or (type(value) not in _SCALARS and isinstance(value, Mapping)):
             flat.update(flatten(value, name + "/"))
         else:
             flat[name] = value
     return flat
+
+
+_SCALARS = (float, int, bool)
 
 
 def to_scalar(key: str, value: Any) -> Any:
@@ -72,10 +85,16 @@ def to_scalar(key: str, value: Any) -> Any:
 
 
 def normalise_metrics(values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
-    """Split validated metrics into Python floats and one-element tensors (``{}`` when none)."""
+    """Split validated metrics into Python floats and one-element tensors (``{}`` when none).
+
+    This is the hot path of ``Run.log``: plain floats take the shortest way through.
+    """
     floats: dict[str, float] = {}
     tensors: dict[str, Any] = {}
     for key, value in flatten(values).items():
+        if type(value) is float:
+            floats[key] = value
+            continue
         scalar = to_scalar(key, value)
         if type(scalar) is float:
             floats[key] = scalar
