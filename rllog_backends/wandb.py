@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rllog.errors import RateLimited, TransientError
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 
 STEP_KEY = "rllog/step"
@@ -279,7 +279,7 @@ class WandbSink:
         >>> run = rllog.init(report_to=[sink], project="grpo-math")
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=False)
+    capabilities = Capabilities(tables=True, config=True, alerts=True)
 
     def __init__(
         self,
@@ -381,6 +381,21 @@ class WandbSink:
         row[self.step_key] = record.step
         with _Mapped():
             run.log(row)
+        self._last_seq = record.seq
+
+    def write_alert(self, record: AlertRecord) -> None:
+        """A health alert as a wandb alert (``run.alert``; stored in the run file offline, e-mailed/Slacked online).
+
+        rllog's rules have their own cool-down, so wandb's per-title suppression is set to its minimum.
+        """
+        run = self._require_run()
+        if record.seq <= self._last_seq:
+            return
+        import wandb
+
+        level = wandb.AlertLevel.ERROR if record.level == "error" else wandb.AlertLevel.WARN
+        with _Mapped():
+            run.alert(title=f"{record.rule}: {record.metric}", text=f"step {record.step}: {record.message}", level=level, wait_duration=1)
         self._last_seq = record.seq
 
     def flush(self) -> None:

@@ -49,3 +49,20 @@ def test_health_false_raises_no_alert(tmp_path):
     run.log({"loss": float("nan")})
     run.finish()
     assert rllog.read_alerts(tmp_path / "r").num_rows == 0
+
+
+def test_health_alerts_reach_parquet_wandb_and_trackio(tmp_path, tracker_dirs):
+    from readers import read_back
+
+    run = rllog.init(report_to="parquet,wandb,trackio,mlflow", run_dir=tmp_path / "r", flush_interval=0.05)  # default rules
+    for step in range(5):
+        run.log({"loss": float("nan") if step == 3 else 0.5, "reward": 0.1 * step}, step=step)
+    assert run.finish(timeout=120).ok
+    [alert] = rllog.read_alerts(tmp_path / "r").to_pylist()
+    assert (alert["step"], alert["rule"], alert["metric"], alert["level"]) == (3, "non_finite", "loss", "error")
+    wandb_alerts = read_back("wandb", tracker_dirs, run.info).alerts
+    assert [(a["title"], a["level"]) for a in wandb_alerts] == [("non_finite: loss", "ERROR")]
+    assert wandb_alerts[0]["text"].startswith("step 3: ")
+    trackio_alerts = read_back("trackio", tracker_dirs, run.info).alerts
+    assert [(a["title"], a["level"], a["step"]) for a in trackio_alerts] == [("non_finite: loss", "error", 3)]
+    assert read_back("mlflow", tracker_dirs, run.info).alerts == []  # MLflow has no alerts: acknowledged, not sent

@@ -373,6 +373,6 @@ def test_import_is_lazy_and_registry_builds_it_from_json_options():
     sink = create("wandb", options)
     assert isinstance(sink, WandbSink)
     assert (sink.entity, sink.settings, sink.max_table_rows, sink.step_key) == ("team", FAST, 500, "train/step")
-    assert sink.capabilities.tables and sink.capabilities.config and not sink.capabilities.alerts
+    assert sink.capabilities.tables and sink.capabilities.config and sink.capabilities.alerts
     with pytest.raises(RuntimeError):
         sink.write_metrics([metrics(1, 0, {"a": 1.0})])

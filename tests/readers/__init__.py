@@ -21,12 +21,14 @@ class ReadBack:
         tables: table name -> [(step, rows), ...]; rows are dicts of the user's columns.
         config: the run's hyperparameters as the tracker stores them.
         status: the run's final state mapped to "finished" / "failed" / "killed" (None if not stored).
+        alerts: health alerts as the tracker stores them: dicts with at least "title", "text", "level".
     """
 
     metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     tables: dict[str, list[tuple[int, list[dict[str, Any]]]]] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     status: str | None = None
+    alerts: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_back(backend: str, env: dict, run_info) -> ReadBack:

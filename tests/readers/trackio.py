@@ -81,6 +81,8 @@ def read_back(env: dict, run_info, project: str | None = None) -> ReadBack:
         status = alert["title"][len("run "):] if alert["title"].startswith("run ") else None
         if status in STATUSES:
             out.status = status
+        else:
+            out.alerts.append({"title": alert["title"], "text": alert.get("text"), "level": alert.get("level"), "step": alert.get("step")})
     return out
 
 

@@ -140,6 +140,8 @@ def read_file(path: Path, out: ReadBack) -> None:
                     table = json.loads((path.parent / "files" / value["path"]).read_text(encoding="utf-8"))
                     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
                     out.tables.setdefault(name, []).append((int(step), rows))
+        elif kind == "alert":
+            out.alerts.append({"title": msg.title, "text": msg.text, "level": msg.level})
         elif kind == "exit":
             out.status = status_for(msg.exit_code)
 
