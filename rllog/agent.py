@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 AGENT_LOG = "agent.log"
+EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
 
 
 CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout)
     sys.stdout.flush()
     # os._exit: a tracker's non-daemon thread (or a hung sink) must not keep the agent alive.
-    os._exit(1 if failed else 0)
+    os._exit(EXIT_SINKS_FAILED if failed else 0)
 
 
 if __name__ == "__main__":

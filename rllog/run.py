@@ -396,12 +396,13 @@ class Run(_Prepare):
         Cursors are persisted and its locks die with it, so the new agent resumes where the old one
         stopped. After ``MAX_AGENT_RESTARTS`` the records stay in the journal and ``finish`` reports them.
         """
+        from rllog.agent import EXIT_SINKS_FAILED, start_agent
+
         agent = self._agent
         if agent is None or agent.poll() is None or self._finished is not None:
             return
-        if self.agent_restarts >= self.MAX_AGENT_RESTARTS:
-            return
-        from rllog.agent import start_agent
+        if agent.returncode == EXIT_SINKS_FAILED or self.agent_restarts >= self.MAX_AGENT_RESTARTS:
+            return  # its sinks failed (reported by finish), or it keeps dying
 
         self.agent_restarts += 1
         log.warning("rllog: the delivery agent exited with code %s; restarting it (%d/%d)", agent.returncode, self.agent_restarts, self.MAX_AGENT_RESTARTS)

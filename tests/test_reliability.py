@@ -111,3 +111,14 @@ def test_log_from_many_threads_keeps_every_record(tmp_path):
     assert steps == list(range(4000))  # one step per call, no duplicates under contention
     with pytest.raises(RunFinished):
         run.log({"late": 1.0})
+
+
+def test_agent_whose_sinks_all_failed_is_not_restarted(tmp_path, test_backends):
+    run = rllog.init(report_to="crashes", run_dir=tmp_path / "r", flush_interval=0.05, health=False)
+    run.log({"x": 1.0})
+    assert wait_until(lambda: run._agent.poll() is not None)
+    run.log({"x": 2.0})
+    time.sleep(0.3)  # a few watchdog ticks
+    report = run.finish(timeout=10)
+    assert run.agent_restarts == 0
+    assert report["crashes"].state == "failed" and report["crashes"].pending == 2
