@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed")
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
+    # Delivery is background work: on a machine with few cores the trainer should win the CPU.
+    try:
+        os.nice(int(os.environ.get("RLLOG_AGENT_NICE", "10")))
+    except (OSError, ValueError):
+        pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout)
     sys.stdout.flush()

@@ -58,6 +58,8 @@ def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _SCALARS = (float, int, bool)
+_NUMBERS = {float, int}
+_STR = {str}
 
 
 def to_scalar(key: str, value: Any) -> Any:
@@ -89,6 +91,13 @@ def normalise_metrics(values: Mapping[str, Any]) -> tuple[dict[str, float], dict
 
     This is the hot path of ``Run.log``: plain floats take the shortest way through.
     """
+    if type(values) is dict and values:
+        # The common case, checked with C-level loops: flat, ASCII names, Python floats (and ints).
+        kinds = set(map(type, values.values()))
+        if kinds <= _NUMBERS and set(map(type, values)) == _STR and all(map(str.isascii, values)) and "" not in values:
+            if int in kinds:
+                return {k: float(v) for k, v in values.items()}, {}
+            return dict(values), {}
     floats: dict[str, float] = {}
     tensors: dict[str, Any] = {}
     for key, value in flatten(values).items():

@@ -9,7 +9,7 @@ Layout (``RUN_DIR/parquet/``)::
 
 A part file is written at every ``flush`` (the delivery layer flushes at least every
 ``flush_interval`` while data flows), atomically (written to a temporary name, then renamed), so a
-reader never sees a partial file. ``close`` compacts each directory's parts into one file. Open the
+reader never sees a partial file. ``close`` compacts a directory of more than ``compact_above`` parts into one file. Open the
 data with :func:`rllog.read_metrics` / :func:`rllog.read_table`, or directly::
 
     pandas.read_parquet("RUN_DIR/parquet/metrics")
@@ -88,7 +88,8 @@ class ParquetSink:
 
     Args:
         directory: where to write; default ``<run_dir>/parquet``.
-        compact: merge each directory's part files into one at ``close``.
+        compact: merge each directory's part files into one at ``close``...
+        compact_above: ...when it holds more than this many parts (a short run keeps its few parts).
 
     Example:
         >>> run = rllog.init(report_to="parquet")   # also the default
@@ -98,9 +99,10 @@ class ParquetSink:
 
     capabilities = Capabilities(tables=True, config=True, alerts=True)
 
-    def __init__(self, directory: str | None = None, compact: bool = True):
+    def __init__(self, directory: str | None = None, compact: bool = True, compact_above: int = 16):
         self.directory = Path(directory) if directory else None
         self.compact = compact
+        self.compact_above = compact_above
         self._rows: list[tuple[int, str, float, float, int]] = []
         self._tables: dict[str, list[pa.Table]] = {}
         self._alerts: list[dict] = []
@@ -156,7 +158,7 @@ class ParquetSink:
 
     def _compact(self, directory: Path) -> None:
         parts = _parts(directory)
-        if len(parts) < 2:
+        if len(parts) <= max(1, self.compact_above):
             return
         merged = read_parts(directory, "_seq" if directory.parent.name == "tables" else "seq")
         # Written under the last part's name; for the instant before the older parts are removed,

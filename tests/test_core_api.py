@@ -209,3 +209,21 @@ def test_retry_policy_object_is_kept(tmp_path):
     run = rllog.init(report_to="none", run_dir=tmp_path / "r", retry=RetryPolicy(base=0.01, cap=0.1, give_up_after=5))
     assert json.loads((tmp_path / "r" / "run.json").read_text())["retry"] == {"base": 0.01, "cap": 0.1, "give_up_after": 5}
     run.finish()
+
+
+def test_parquet_compacts_many_parts_at_close(tmp_path):
+    from rllog_backends.parquet import ParquetSink
+
+    sink = ParquetSink(compact_above=3)
+    sink.open(RunInfo("p", "n", str(tmp_path), "id"))
+    for i in range(6):  # six flushes: six parts per directory
+        sink.write_metrics([MetricsRecord(2 * i + 1, i, 0.0, {"x": float(i)})])
+        sink.write_table(TableRecord(2 * i + 2, i, 0.0, "t", pa.table({"a": [i]} if i < 3 else {"a": [i], "b": ["new"]})))
+        sink.flush()
+    assert len(list((tmp_path / "parquet" / "metrics").glob("*.parquet"))) == 6
+    sink.close("finished")
+    assert len(list((tmp_path / "parquet" / "metrics").glob("*.parquet"))) == 1
+    assert len(list((tmp_path / "parquet" / "tables" / "t").glob("*.parquet"))) == 1
+    assert rllog.read_metrics(tmp_path).column("value").to_pylist() == [float(i) for i in range(6)]
+    table = rllog.read_table(tmp_path, "t")
+    assert table.column("a").to_pylist() == list(range(6)) and table.column("b").to_pylist() == [None] * 3 + ["new"] * 3
