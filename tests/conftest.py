@@ -12,26 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from rllog.offline import OFFLINE_ENV, ONLINE_VARS
+
 ROOT = Path(__file__).resolve().parents[1]
-OFFLINE = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "WANDB_MODE": "offline",
-    "WANDB_SILENT": "true",
-    "WANDB_DISABLE_GIT": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "COMET_START_ONLINE": "false",
-    "COMET_DISABLE_AUTO_LOGGING": "1",
-    "COMET_ERROR_TRACKING_ENABLE": "false",
-    "COMET_AUTO_LOG_ENV_HOST": "false",
-    "DO_NOT_TRACK": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+OFFLINE = OFFLINE_ENV
 for _k, _v in OFFLINE.items():  # before any tracker is imported by a test module
     os.environ.setdefault(_k, _v)
-for _k in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "WANDB_API_KEY", "COMET_API_KEY"):
+for _k in ONLINE_VARS:
     os.environ.pop(_k, None)
 
 NETGUARD = ROOT / "tests" / "netguard"
