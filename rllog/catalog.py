@@ -286,10 +286,16 @@ class Rule:
     def reset(self) -> None:
         self._last_fired: dict[str, int] = {}
         self._state: dict[str, Any] = {}
+        self._watched: dict[str, bool] = {}  # key -> answer of watches(); the same key is logged every step
 
     def watches(self, key: str) -> bool:
-        bare = strip_prefix(key)
-        return any(fnmatch.fnmatchcase(k, pattern) for pattern in self.params["metrics"] for k in {key, bare})
+        answer = self._watched.get(key)
+        if answer is None:
+            if len(self._watched) > 100_000:  # a run that invents new keys every step must not grow this forever
+                self._watched.clear()
+            bare = strip_prefix(key)
+            answer = self._watched[key] = any(fnmatch.fnmatchcase(k, pattern) for pattern in self.params["metrics"] for k in {key, bare})
+        return answer
 
     def observe(self, step: int, values: Mapping[str, float]) -> list[AlertDraft]:
         if not self.enabled:

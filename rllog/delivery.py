@@ -84,7 +84,8 @@ class CursorStore:
         self.directory = Path(run_dir) / "delivery"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{sink_name}.json"
-        self.lock = FileLock(str(self.directory / f"{sink_name}.lock"))
+        # acquired by the thread that starts a follower, released by the follower thread itself
+        self.lock = FileLock(str(self.directory / f"{sink_name}.lock"), thread_local=False)
 
     def load(self) -> dict:
         try:
@@ -152,6 +153,7 @@ class Follower:
         self.cursor = CursorStore(run_info.run_dir, name)
         saved = self.cursor.load()
         self.seq = saved.get("seq", 0)
+        self.ahead: set[int] = set(saved.get("ahead", ()))  # delivered beyond ``seq`` by a batch that failed midway
         self.state = WAITING
         self.error: str | None = None
         self.status: str | None = None
@@ -226,35 +228,50 @@ class Follower:
         return self._call(open_sink)
 
     def _deliver(self, records: list) -> bool:
+        """Deliver one batch: its metrics in one ``write_metrics`` call, then its tables and alerts.
+
+        Grouping the metrics is what makes a live run cheap to deliver: the journal hands a
+        batch of steps (metrics and a completions table each) to the follower at once, and a
+        tracker's per-call cost (an MLflow transaction, a trackio connection) is paid per batch
+        rather than per step. Every record carries its step, so no tracker depends on the
+        interleaving. The cursor moves past the batch when all of it is delivered; if a call
+        fails midway, what was delivered is remembered (``ahead``) so no replay repeats it.
+        """
         if not self._ensure_open():
             return False
+        todo = [r for r in records if r.seq not in self.ahead]
         takes_tables = getattr(self.sink.capabilities, "tables", False)
         takes_alerts = getattr(self.sink.capabilities, "alerts", False) and hasattr(self.sink, "write_alert")
-        i = 0
-        while i < len(records):
-            if isinstance(records[i], (TableRecord, AlertRecord)):
-                record = records[i]
-                if isinstance(record, TableRecord):
-                    ok = not takes_tables or self._call(lambda: self.sink.write_table(record))
-                else:
-                    ok = not takes_alerts or self._call(lambda: self.sink.write_alert(record))
-                if not ok:
-                    return False
-                i += 1
-                last = record
-            else:
-                j = i
-                while j < len(records) and isinstance(records[j], MetricsRecord):
-                    j += 1
-                chunk = records[i:j]
-                if not self._call(lambda: self.sink.write_metrics(chunk)):
-                    return False
-                i, last = j, chunk[-1]
-            self.seq = last.seq
-            self._save(RUNNING)
-            if self.on_progress:
-                self.on_progress(self.seq)
+        metrics = [r for r in todo if isinstance(r, MetricsRecord)]
+        calls: list[tuple[list, Callable[[], None]]] = []
+        if metrics:
+            calls.append((metrics, lambda: self.sink.write_metrics(metrics)))
+        for r in todo:
+            if isinstance(r, TableRecord) and takes_tables:
+                calls.append(([r], lambda r=r: self.sink.write_table(r)))
+            elif isinstance(r, AlertRecord) and takes_alerts:
+                calls.append(([r], lambda r=r: self.sink.write_alert(r)))
+        done = {r.seq for r in records}  # a record no call takes (or delivered before) counts as delivered
+        for part, _ in calls:
+            done.difference_update(r.seq for r in part)
+        for part, call in calls:
+            if not self._call(call):
+                self._advance(records, done)
+                return False
+            done.update(r.seq for r in part)
+        self._advance(records, done)
+        if self.on_progress:
+            self.on_progress(self.seq)
         return True
+
+    def _advance(self, records: list, done: set[int]) -> None:
+        """Move the cursor past the delivered prefix of ``records``; keep later delivered ones in ``ahead``."""
+        for r in records:
+            if r.seq not in done:
+                break
+            self.seq = r.seq
+        self.ahead = {s for s in self.ahead | done if s > self.seq}
+        self._save(self.state)
 
     def _call(self, fn: Callable[[], None]) -> bool:
         """Run ``fn`` with retries. False when the sink failed or was given up (state saved)."""
@@ -293,4 +310,4 @@ class Follower:
 
     def _save(self, state: str) -> None:
         self.state = state
-        self.cursor.save(seq=self.seq, state=state, error=self.error, status=self.status, pid=os.getpid(), time=time.time())
+        self.cursor.save(seq=self.seq, ahead=sorted(self.ahead), state=state, error=self.error, status=self.status, pid=os.getpid(), time=time.time())

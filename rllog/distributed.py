@@ -61,35 +61,61 @@ def is_distributed() -> bool:
     return _dist() is not None
 
 
+# The sorted union of the keys every rank has logged so far: the same list on every rank, since it only
+# changes after an all_gather. While no rank logs a key outside it, a reduction needs no key exchange.
+_known_keys: list[str] = []
+MAX_KNOWN_KEYS = 10_000  # past this, start again from the current call's keys (runs that invent keys every step)
+
+
 def reduce_metrics(values: dict[str, float]) -> dict[str, float]:
-    """Reduce host floats across every rank (a collective: every rank must call it). Returns the result on every rank."""
+    """Reduce host floats across every rank (a collective: every rank must call it). Returns the result on every rank.
+
+    Two ``all_reduce`` calls per step (sum and count; max, -min and a "new key" flag) with one copy to
+    the host; the key lists are exchanged (``all_gather_object``) only when some rank logs a key no
+    rank has logged before.
+    """
+    global _known_keys
     dist = _dist()
     if dist is None:
         return values
+    result = _reduce_over(dist, _known_keys, values)
+    if result is None:  # some rank has a new key: exchange key lists, then reduce again
+        key_sets: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(key_sets, sorted(values))
+        current = set().union(*key_sets)
+        union = current | set(_known_keys)
+        _known_keys = sorted(union if len(union) <= MAX_KNOWN_KEYS else current)
+        result = _reduce_over(dist, _known_keys, values)
+    return result
+
+
+def _reduce_over(dist, keys: list[str], values: dict[str, float]) -> dict[str, float] | None:
+    """Reduce ``values`` over the agreed ``keys``; None (on every rank) when a rank logged a key not in them."""
     torch = sys.modules["torch"]
-    key_sets: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(key_sets, sorted(values))
-    keys = sorted(set().union(*key_sets))
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    new_key = float(not values.keys() <= set(keys))
     raw = torch.tensor([values.get(k, math.nan) for k in keys], dtype=torch.float64, device=device)
+    logged = torch.tensor([k in values for k in keys], dtype=torch.float64, device=device)
     present = ~torch.isnan(raw)
-    sums = torch.where(present, raw, torch.zeros_like(raw))
-    counts = present.to(torch.float64)
-    mins = torch.where(present, raw, torch.full_like(raw, math.inf))
-    maxs = torch.where(present, raw, torch.full_like(raw, -math.inf))
-    stacked = torch.stack([sums, counts])
-    dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
-    dist.all_reduce(mins, op=dist.ReduceOp.MIN)
-    dist.all_reduce(maxs, op=dist.ReduceOp.MAX)
-    sums, counts = stacked.tolist()
-    mins, maxs = mins.tolist(), maxs.tolist()
+    sums = torch.stack([torch.where(present, raw, 0.0), present.to(torch.float64), logged])
+    extremes = torch.cat([torch.where(present, raw, -math.inf), torch.where(present, -raw, -math.inf), torch.tensor([new_key], dtype=torch.float64, device=device)])
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    n = len(keys)
+    flat = torch.cat([sums.reshape(-1), extremes]).tolist()  # the one copy to the host
+    if flat[-1] > 0:
+        return None
+    total, counts, logged_by = flat[:n], flat[n : 2 * n], flat[2 * n : 3 * n]
+    maxs, neg_mins = flat[3 * n : 4 * n], flat[4 * n : 5 * n]
     out = {}
     for i, key in enumerate(keys):
+        if logged_by[i] == 0:  # known from an earlier step, logged by no rank now
+            continue
         if counts[i] == 0:
             out[key] = math.nan
             continue
         how = reduction(key)
-        out[key] = {"min": mins[i], "max": maxs[i], "sum": sums[i], "mean": sums[i] / counts[i]}[how]
+        out[key] = {"min": -neg_mins[i], "max": maxs[i], "sum": total[i], "mean": total[i] / counts[i]}[how]
     return out
 
 

@@ -29,7 +29,7 @@ from rllog.errors import InvalidStep, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
 from rllog.records import STATUSES, AlertRecord, RunInfo, TableRecord
 from rllog.registry import parse_report_to
-from rllog.values import flatten_config, normalise_metrics, to_arrow_table
+from rllog.values import flatten_config, normalise_metrics, stack_scalars, to_arrow_table
 
 log = logging.getLogger("rllog")
 
@@ -87,7 +87,8 @@ def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None) -> F
             saved = json.loads((run_dir / "delivery" / f"{name}.json").read_text())
         except (FileNotFoundError, ValueError):
             saved = {"seq": 0, "state": "waiting", "error": None}
-        pending = max(0, total - saved.get("seq", 0))
+        delivered = saved.get("seq", 0) + len(saved.get("ahead", ()))  # ahead: delivered past a batch that failed midway
+        pending = max(0, total - delivered)
         if saved.get("state") in ("failed", "gave_up"):
             state = "failed"
         elif pending == 0 and saved.get("state") == CLOSED:
@@ -95,7 +96,7 @@ def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None) -> F
         else:
             state = "pending"
         error = saved.get("error") or (None if state != "pending" else "not delivered before the deadline; run `rllog replay`")
-        result[name] = SinkReport(name, state, saved.get("seq", 0), pending, error)
+        result[name] = SinkReport(name, state, delivered, pending, error)
     return result
 
 
@@ -103,9 +104,7 @@ def _to_host(tensors: dict[str, Any]) -> dict[str, float]:
     """One-element tensors -> floats with one device-to-host copy."""
     if not tensors:
         return {}
-    torch = sys.modules["torch"]
-    flat = torch.stack([t.to(torch.float64) for t in tensors.values()]).tolist()
-    return dict(zip(tensors, map(float, flat)))
+    return dict(zip(tensors, stack_scalars(list(tensors.values())).tolist()))
 
 
 class _Prepare:
@@ -279,10 +278,7 @@ class Run(_Prepare):
             RunFinished: the run has finished.
         """
         floats, tensors = self._prepare_metrics(values)
-        stacked = None
-        if tensors:
-            torch = sys.modules["torch"]
-            stacked = torch.stack([t.to(torch.float64) if t.dtype != torch.float64 else t for t in tensors.values()])
+        stacked = stack_scalars(list(tensors.values())) if tensors else None
         if step is not None:
             step = _check_step(step)
         now = time.time()

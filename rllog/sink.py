@@ -4,7 +4,10 @@ A sink translates rllog records into one tracker's calls, and nothing else: it k
 processes, threads, queues, retries, ranks or the journal. The delivery layer
 (:mod:`rllog.delivery`) calls it from one thread, in this order::
 
-    open(run_info) -> write_metrics(batch) / write_table(record) ... -> flush() ... -> close(status)
+    open(run_info) -> [write_metrics(batch), write_table(record) ..., write_alert(record) ...] ... -> flush() ... -> close(status)
+
+Per batch read from the journal, its metric records come in one ``write_metrics`` call, then its tables and
+alerts; each kind in ``seq`` order. Place data by ``record.step``, never by arrival order.
 
 A sink raises :class:`rllog.errors.RateLimited` (with ``retry_after`` when the tracker says) or
 :class:`rllog.errors.TransientError` for failures worth retrying; the same call is then repeated with

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,7 +77,7 @@ def to_scalar(key: str, value: Any) -> Any:
     if is_tensor(value):
         if value.numel() != 1 or value.is_complex():
             raise InvalidValue(f"metric {key!r}: a tensor must hold exactly one real number, got shape {tuple(value.shape)}")
-        return value.detach().reshape(())
+        return value  # detached and reshaped with the others in one op by stack_scalars
     if isinstance(value, numbers.Real):  # numpy floats/ints, Decimal, Fraction
         return float(value)
     if cls.__module__ == "numpy":  # np.bool_, 0-d arrays
@@ -110,6 +111,19 @@ def normalise_metrics(values: Mapping[str, Any]) -> tuple[dict[str, float], dict
         else:
             tensors[key] = scalar
     return floats, tensors
+
+
+def stack_scalars(tensors: list) -> Any:
+    """One-element tensors -> one detached float64 tensor of them, on their device, in as few torch ops
+    as possible (one ``stack`` in the common case rather than a few small ops per tensor)."""
+    torch = sys.modules["torch"]
+    with torch.no_grad():
+        try:
+            stacked = torch.stack(tensors)  # same shape, same device: the common case
+        except RuntimeError:  # mixed shapes ((), (1,), ...) or devices: gather on the accelerator, never sync to the host here
+            device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
+            stacked = torch.stack([t.reshape(()).to(device, non_blocking=True) for t in tensors])
+        return stacked.reshape(-1).to(torch.float64)
 
 
 def to_arrow_table(name: str, table: Any) -> pa.Table:

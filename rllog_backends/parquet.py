@@ -51,10 +51,9 @@ def _write_atomic(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _next_part(directory: Path) -> Path:
+def _last_part_number(directory: Path) -> int:
     parts = _parts(directory)
-    n = int(parts[-1].stem.split("-")[1]) + 1 if parts else 1
-    return directory / f"part-{n:06d}.parquet"
+    return int(parts[-1].stem.split("-")[1]) if parts else 0
 
 
 def read_parts(directory: Path, seq_column: str) -> pa.Table | None:
@@ -106,6 +105,7 @@ class ParquetSink:
         self._rows: list[tuple[int, str, float, float, int]] = []
         self._tables: dict[str, list[pa.Table]] = {}
         self._alerts: list[dict] = []
+        self._part_numbers: dict[Path, int] = {}  # directory -> its last part's number (listed once per directory)
 
     def open(self, run_info: RunInfo) -> None:
         self.directory = self.directory or Path(run_info.run_dir) / "parquet"
@@ -124,8 +124,8 @@ class ParquetSink:
 
     def write_table(self, record: TableRecord) -> None:
         n = record.table.num_rows
-        table = record.table.add_column(0, "_step", pa.array([record.step] * n, pa.int64()))
-        table = table.add_column(1, "_seq", pa.array([record.seq] * n, pa.int64()))
+        table = record.table.add_column(0, "_step", pa.repeat(pa.scalar(record.step, pa.int64()), n))
+        table = table.add_column(1, "_seq", pa.repeat(pa.scalar(record.seq, pa.int64()), n))
         self._tables.setdefault(record.name, []).append(table)
 
     def write_alert(self, record: AlertRecord) -> None:
@@ -135,17 +135,17 @@ class ParquetSink:
     def flush(self) -> None:
         if self._alerts:
             (self.directory / "alerts").mkdir(exist_ok=True)
-            _write_atomic(pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA), _next_part(self.directory / "alerts"))
+            _write_atomic(pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA), self._next_part(self.directory / "alerts"))
             self._alerts = []
         if self._rows:
             columns = list(zip(*self._rows))
             table = pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA)], schema=METRICS_SCHEMA)
-            _write_atomic(table, _next_part(self.directory / "metrics"))
+            _write_atomic(table, self._next_part(self.directory / "metrics"))
             self._rows = []
         for name, tables in self._tables.items():
             directory = self.directory / "tables" / table_dir_name(name)
             directory.mkdir(parents=True, exist_ok=True)
-            _write_atomic(pa.concat_tables(tables, promote_options="permissive"), _next_part(directory))
+            _write_atomic(pa.concat_tables(tables, promote_options="permissive"), self._next_part(directory))
         self._tables = {}
 
     def close(self, status: str) -> None:
@@ -155,6 +155,12 @@ class ParquetSink:
                 self._compact(directory)
         self._meta["status"] = status
         self._write_meta()
+
+    def _next_part(self, directory: Path) -> Path:
+        if directory not in self._part_numbers:
+            self._part_numbers[directory] = _last_part_number(directory)
+        self._part_numbers[directory] += 1
+        return directory / f"part-{self._part_numbers[directory]:06d}.parquet"
 
     def _compact(self, directory: Path) -> None:
         parts = _parts(directory)

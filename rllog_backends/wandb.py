@@ -311,7 +311,7 @@ class WandbSink:
         self.settings = dict(settings or {})
         self.close_timeout = close_timeout
         self._run: Any = None
-        self._last_seq = 0
+        self._last_metrics_seq = 0
 
     @property
     def run(self) -> Any:
@@ -319,7 +319,7 @@ class WandbSink:
         return self._run
 
     def open(self, run_info: RunInfo) -> None:
-        self._last_seq = 0
+        self._last_metrics_seq = 0
         if self._run is None:
             import wandb
 
@@ -352,19 +352,17 @@ class WandbSink:
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
         for record in records:
-            if record.seq <= self._last_seq:  # already logged by an earlier attempt of this call
+            if record.seq <= self._last_metrics_seq:  # already logged by an earlier attempt of this call
                 continue
             if record.values:
                 row = {wandb_key(k, self.step_key): float(v) for k, v in record.values.items()}
                 row[self.step_key] = record.step
                 with _Mapped():
                     run.log(row)
-            self._last_seq = record.seq
+            self._last_metrics_seq = record.seq
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()
-        if record.seq <= self._last_seq:
-            return
         import wandb
 
         table = record.table
@@ -381,7 +379,6 @@ class WandbSink:
         row[self.step_key] = record.step
         with _Mapped():
             run.log(row)
-        self._last_seq = record.seq
 
     def write_alert(self, record: AlertRecord) -> None:
         """A health alert as a wandb alert (``run.alert``; stored in the run file offline, e-mailed/Slacked online).
@@ -389,14 +386,11 @@ class WandbSink:
         rllog's rules have their own cool-down, so wandb's per-title suppression is set to its minimum.
         """
         run = self._require_run()
-        if record.seq <= self._last_seq:
-            return
         import wandb
 
         level = wandb.AlertLevel.ERROR if record.level == "error" else wandb.AlertLevel.WARN
         with _Mapped():
             run.alert(title=f"{record.rule}: {record.metric}", text=f"step {record.step}: {record.message}", level=level, wait_duration=1)
-        self._last_seq = record.seq
 
     def flush(self) -> None:
         # wandb sends every `log` to its service process asynchronously; a summary read is a round

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -206,3 +207,34 @@ def test_every_sink_sees_the_same_step_for_a_record(tmp_path):
     assert [(r.seq, r.step) for r in a.metrics] == [(r.seq, r.step) for r in b.metrics] == expected
     parquet = rllog.read_metrics(tmp_path / "r")
     assert list(zip(parquet.column("seq").to_pylist(), parquet.column("step").to_pylist())) == expected
+
+
+def test_batch_that_fails_midway_is_resumed_without_repeating_what_was_delivered(tmp_path):
+    """Metrics of a batch go in one call, its tables after; a table the tracker rejects leaves the sink failed
+    with the batch's metrics remembered as delivered, so a replay sends the table and nothing twice."""
+
+    class TableRejectingSink(MemorySink):
+        def write_table(self, record):
+            raise ValueError("tables are not accepted")
+
+    picky = TableRejectingSink("picky")
+    run = rllog.init(report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0)
+    run.log({"a": 1.0}, step=1)  # seq 1
+    run.log_table("completions", {"x": [1]}, step=1)  # seq 2
+    run.log({"a": 2.0}, step=2)  # seq 3
+    report = run.finish(timeout=30)
+    assert [r.seq for r in picky.metrics] == [1, 3]  # one batch: both metrics records in one call
+    assert report["picky"].state == "failed" and report["picky"].delivered == 2 and report["picky"].pending == 1
+    saved = json.loads((tmp_path / "r" / "delivery" / "picky.json").read_text())
+    assert saved["seq"] == 1 and saved["ahead"] == [3]
+
+    from rllog.delivery import Follower
+    from rllog.run import load_run_info
+
+    assert wait_until(lambda: not any(t.name == "rllog-follower-picky" for t in threading.enumerate()), timeout=30)
+    healthy = MemorySink("picky")
+    follower = Follower("picky", healthy, load_run_info(tmp_path / "r")[0], follow=False)
+    follower.start().join(30)
+    assert healthy.metrics == [] and [t.seq for t in healthy.tables] == [2]
+    saved = json.loads((tmp_path / "r" / "delivery" / "picky.json").read_text())
+    assert saved["seq"] == 3 and saved["ahead"] == [] and saved["state"] == "closed"

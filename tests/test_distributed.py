@@ -38,6 +38,11 @@ for step in range(3):
     if rank % 2 == 0:
         values["even_ranks"] = {"x": float(rank)}        # nested, on some ranks
     run.log(values, step=step)
+run.log({"loss": float(rank)}, step=3)  # keys known from earlier steps, logged by no rank now: not reported
+late = {"loss": 1.0}
+if rank == world - 1:
+    late["late/only_last_rank"] = 7.0  # a key no rank logged before, on one rank only
+run.log(late, step=4)
 run.log_table("completions", {"rank": [rank, rank], "text": [f"r{rank}a", f"r{rank}b"]}, step=2)
 report = run.finish()
 print(json.dumps({"rank": rank, "type": type(run).__name__, "report": {k: v.state for k, v in report.items()}}), flush=True)
@@ -81,7 +86,9 @@ def test_torchrun_reduces_across_ranks_and_only_rank0_writes(tmp_path, world):
     got = {}
     for row in rllog.read_metrics(run_dir).to_pylist():
         got.setdefault(row["step"], {})[row["key"]] = row["value"]
-    assert sorted(got) == [0, 1, 2]
+    assert sorted(got) == [0, 1, 2, 3, 4]
+    assert got[3] == {"loss": pytest.approx(sum(range(world)) / world)}
+    assert got[4] == {"loss": 1.0, "late/only_last_rank": 7.0}
     for step in range(3):
         expected = reference(world, step)
         assert set(got[step]) == set(expected)

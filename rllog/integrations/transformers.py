@@ -106,6 +106,17 @@ class RLLogCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         run = self.start(args, model)
+        values = {rename(key): math.nan if value is None else value for key, value in logs.items()}
+        try:
+            run.log(values, step=state.global_step)  # validates; the common case: every value is a number
+            return
+        except InvalidValue:
+            values = self._numbers_only(logs)
+        if values:
+            run.log(values, step=state.global_step)
+
+    def _numbers_only(self, logs: dict) -> dict:
+        """``logs`` renamed, without the values that are not numbers (each warned about once)."""
         values = {}
         for key, value in logs.items():
             if value is None:
@@ -118,5 +129,4 @@ class RLLogCallback(TrainerCallback):
                     log.warning("rllog: %r is not a number (%s); not logged as a metric", key, type(value).__name__)
                 continue
             values[rename(key)] = value
-        if values:
-            run.log(values, step=state.global_step)
+        return values
