@@ -226,7 +226,7 @@ def findings(results: dict) -> list[str]:
         rl = hot_path.find(hp, "Trainer.log + RLLogCallback")
         if rl and rl.get("parts", {}).get("rllog"):
             out.append(f"Through the HF Trainer, `RLLogCallback.on_log` costs {rl['parts']['rllog']['median_us']:.0f} us per `Trainer.log` "
-                       "(it validates every value with `to_scalar` and renames keys before `run.log` validates them again).")
+                       "(it renames the keys and makes one `run.log`, which validates them).")
     sy = results.get("syncs", {}).get("loop")
     if sy:
         item = next((r for r in sy if r["way"] == "item" and "error" not in r), None)
@@ -234,8 +234,8 @@ def findings(results: dict) -> list[str]:
         if item and tens:
             out.append(f"Tensor metrics: `run.log` of 30 one-element tensors costs {tens['call']['median_us']:.0f} us per call on CPU against "
                        f"{item['call']['median_us']:.0f} us for 30 `.item()` calls plus `run.log` of the floats: rllog saves the 30 device syncs "
-                       "(one `tolist` per journal flush instead) but spends ~2 small torch ops per tensor on the caller's thread "
-                       "(`detach().reshape(())` in `values.to_scalar`, then `.to(float64)` and `torch.stack` in `Run.log`).")
+                       "(one `tolist` per journal flush instead); on the caller's thread it checks each tensor's size and stacks them "
+                       "in one `torch.stack` (`values.stack_scalars`), which on CPU costs more than reading 30 floats.")
     e2e = end_to_end.summary(results["end_to_end"]) if "end_to_end" in results else {}
     if e2e.get("a") and e2e.get("c"):
         a, c, cp = e2e["a"], e2e["c"], e2e.get("cp")
@@ -260,10 +260,9 @@ def findings(results: dict) -> list[str]:
     if health.get("ms_per_step") or (with_rules and without):
         line = "Health rules: "
         if health.get("ms_per_step"):
-            line += (f"`HealthMonitor.observe` costs {health['ms_per_step']:.2f} ms per logged step of 30 metrics (mostly `Rule.watches`: "
-                     "every rule matches every key against its patterns with `fnmatch` at every step; the answer per key never changes "
-                     "and could be cached). It runs on the journal writer thread, in the trainer process, holding the GIL, and the end "
-                     "marker is written only after it. ")
+            line += (f"`HealthMonitor.observe` costs {health['ms_per_step']:.2f} ms per logged step of 30 metrics (which rules watch a key "
+                     "is matched once per key and cached). It runs on the journal writer thread, in the trainer process, holding the GIL, "
+                     "and the end marker is written only after it. ")
         if with_rules and without:
             line += (f"The parquet drain of {results['drain']['steps']} steps takes {with_rules['rllog']['drain_s']:.2f} s with the rules and "
                      f"{without['rllog']['drain_s']:.2f} s without.")
@@ -274,11 +273,11 @@ def findings(results: dict) -> list[str]:
         line = "Delivery cost per GRPO step and sink (CPU ms, profile below): " + ", ".join(f"{k} {v:.0f}" for v, k in costs) + "."
         calls = next(iter(prof.values())).get("calls_per_step")
         if calls:
-            line += (f" Reading 16 records (8 steps) at a time, a sink still got {calls['write_metrics']:.2f} `write_metrics`, "
+            line += (f" Reading 16 records (8 steps) at a time, a sink got {calls['write_metrics']:.2f} `write_metrics`, "
                      f"{calls['write_table']:.2f} `write_table` and {calls['cursor saves']:.2f} cursor-file saves per step: "
-                     "`Follower._deliver` ends a metrics batch at every table record and saves the cursor after each piece, so the "
-                     "per-call costs of a tracker (an MLflow `log_batch` is a SQLite transaction; trackio's `SQLiteStorage.bulk_log` "
-                     "opens a connection and runs `init_db` per call) are paid per step however far behind the sink is.")
+                     "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables, and saves the cursor once "
+                     "per batch, so a tracker's per-call cost (an MLflow `log_batch` is a SQLite transaction; trackio's "
+                     "`SQLiteStorage.bulk_log` opens a connection and runs `init_db` per call) is paid per batch, not per step.")
         out.append(line)
     if "scaling" in results:
         t = scaling.table_ratios(results["scaling"])
@@ -293,14 +292,15 @@ def findings(results: dict) -> list[str]:
                                  f"{fmt_ratio(c['raw']['median_us'] / c['sink']['median_us'])} without the compaction at close "
                                  f"(which is {close_share:.0%} of the writer's time)")
             out.append("Parquet tables: " + "; ".join(parts) + ". `ParquetSink.close` reads every part file back and writes them all "
-                       "again as one file; the per-table path adds `to_arrow_table` validation, the `_step`/`_seq` columns and a "
-                       "directory listing per flush (`_next_part`) (profile below).")
+                       "again as one file, when a directory holds more than 16 parts (a long run: many small files would slow every reader); "
+                       "the per-table path adds `to_arrow_table` validation and the `_step`/`_seq` columns (profile below).")
         ranks = [r for r in results["scaling"].get("ranks", []) if "error" not in r and r["world"] > 1]
         if ranks:
             out.append("Ranks: " + "; ".join(f"{r['world']} ranks: `log` {r['log']['median_us'] / 1e3:.1f} ms against {r['bare_all_reduce']['median_us'] / 1e3:.1f} ms "
                                                "for one all_reduce" for r in ranks)
-                       + ". `distributed.reduce_metrics` issues an `all_gather_object` of the key list (pickled, two collectives) and three "
-                       "`all_reduce`s per call; with an unchanged key set the gather could be skipped and min/max folded into one reduction.")
+                       + ". `distributed.reduce_metrics` issues two `all_reduce`s per call (sum and count; max, negated min and a new-key "
+                       "flag) and exchanges key lists only when a rank logs a new key; on this oversubscribed 2-core machine each "
+                       "collective waits for every rank's process to be scheduled.")
     return out
 
 
