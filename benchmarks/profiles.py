@@ -9,6 +9,7 @@
   process CPU time (tracker threads included) and the wall time per step are measured.
 - ``health``: rllog's health rules over 500 steps of 30 metrics (they run on the journal writer thread).
 - ``tables``: rllog's Parquet writer on 1,000-row completions tables.
+- ``integration``: the TRL mixin's own work on the training thread during a tiny GRPO run (parquet only).
 
     .venv/bin/python benchmarks/profiles.py [--quick]
 """
@@ -155,11 +156,37 @@ def case_health(params: dict, workdir: Path) -> dict:
     return {"steps": len(batches), "ms_per_step": plain * 1e3 / len(batches), "tottime": _stats_text(profile, "tottime", 12)}
 
 
-CASES = {"hot_path": case_hot_path, "delivery": case_delivery, "tables": case_tables, "health": case_health}
+# The mixin's entry points on the training thread (they do not call one another).
+INTEGRATION_ENTRY_POINTS = ("_rllog_completions", "log_table", "on_log", "on_step_begin", "on_step_end")
+
+
+def case_integration(params: dict, workdir: Path) -> dict:
+    import torch
+
+    from rllog.demo import build_tiny_model, make_grpo_trainer
+
+    torch.set_num_threads(1)
+    steps = params.get("steps", 40)
+    trainer = make_grpo_trainer(build_tiny_model(str(workdir / "model")), str(workdir / "out"), steps, report_to=["parquet"],
+                                rllog_options={"run_dir": str(workdir / "run")})
+    profile = cProfile.Profile()
+    start = time.process_time()
+    profile.enable()
+    trainer.train()
+    profile.disable()
+    train_cpu = time.process_time() - start
+    trainer.rllog_run.finish()
+    stats = pstats.Stats(profile)
+    own = sum(entry[3] for (filename, _, name), entry in stats.stats.items()
+              if "/rllog/" in filename and name in INTEGRATION_ENTRY_POINTS)
+    return {"steps": steps, "rllog_ms_per_step": own * 1e3 / steps, "train_cpu_ms_per_step": train_cpu * 1e3 / steps}
+
+
+CASES = {"hot_path": case_hot_path, "delivery": case_delivery, "tables": case_tables, "health": case_health, "integration": case_integration}
 
 
 def run(quick: bool, tmp: Path, which: list[str] | None = None) -> dict:
-    which = which or ["hot_path", "delivery", "tables", "health"]
+    which = which or ["hot_path", "delivery", "tables", "health", "integration"]
     results = {}
     if "hot_path" in which:
         progress("profiles: hot path")
@@ -170,6 +197,9 @@ def run(quick: bool, tmp: Path, which: list[str] | None = None) -> dict:
     if "health" in which:
         progress("profiles: health rules")
         results["health"] = run_case(SCRIPT, "health", {"steps": 500}, tmp)
+    if "integration" in which:
+        progress("profiles: the TRL mixin on the training thread")
+        results["integration"] = run_case(SCRIPT, "integration", {"steps": 20 if quick else 40}, tmp)
     if "tables" in which:
         progress("profiles: parquet tables")
         results["tables"] = run_case(SCRIPT, "tables", {"rows": 1000, "count": 10}, tmp)
@@ -201,6 +231,11 @@ def render(results: dict) -> str:
         h = results["health"]
         out += ["", f"**Health rules** on the journal writer thread, {h['steps']} steps of 30 metrics: {h['ms_per_step']:.2f} ms per step "
                 "(cProfile, by own time):", "", "```", h["tottime"], "```"]
+    if "integration" in results and "rllog_ms_per_step" in results["integration"]:
+        i = results["integration"]
+        out += ["", f"**The TRL mixin on the training thread**, tiny GRPO, {i['steps']} steps, parquet only (cProfile): rllog's entry points "
+                f"({', '.join(f'`{n}`' for n in INTEGRATION_ENTRY_POINTS)}) take {i['rllog_ms_per_step']:.2f} ms per step, of "
+                f"{i['train_cpu_ms_per_step']:.0f} ms of CPU per step for the whole training (under the profiler)."]
     if "tables" in results and "cumtime" in results["tables"]:
         out += ["", "**Parquet writer**, 10 tables of 1,000 rows (cProfile, by cumulative time):", "", "```", results["tables"]["cumtime"], "```"]
     return "\n".join(out)
