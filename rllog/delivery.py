@@ -234,12 +234,16 @@ class Follower:
         batch of steps (metrics and a completions table each) to the follower at once, and a
         tracker's per-call cost (an MLflow transaction, a trackio connection) is paid per batch
         rather than per step. Every record carries its step, so no tracker depends on the
-        interleaving. The cursor moves past the batch when all of it is delivered; if a call
-        fails midway, what was delivered is remembered (``ahead``) so no replay repeats it.
+        interleaving. The cursor is saved after each call of a batch: what a call delivered past
+        the contiguous prefix is remembered (``ahead``), so neither a failed call nor a killed
+        agent makes a replay repeat more than the call in flight.
         """
+        todo = [r for r in records if r.seq not in self.ahead]
+        if not todo:  # all of it delivered before a failure: move the cursor, open nothing
+            self._advance(records, set())
+            return True
         if not self._ensure_open():
             return False
-        todo = [r for r in records if r.seq not in self.ahead]
         takes_tables = getattr(self.sink.capabilities, "tables", False)
         takes_alerts = getattr(self.sink.capabilities, "alerts", False) and hasattr(self.sink, "write_alert")
         metrics = [r for r in todo if isinstance(r, MetricsRecord)]
@@ -254,18 +258,22 @@ class Follower:
         done = {r.seq for r in records}  # a record no call takes (or delivered before) counts as delivered
         for part, _ in calls:
             done.difference_update(r.seq for r in part)
-        for part, call in calls:
-            if not self._call(call):
-                self._advance(records, done)
+        for part, call in calls:  # the cursor is saved after each call: a killed agent repeats only the call in flight
+            delivered = self._call(call)
+            if delivered:
+                done.update(r.seq for r in part)
+            self._advance(records, done)
+            if not delivered:
                 return False
-            done.update(r.seq for r in part)
-        self._advance(records, done)
+        if not calls:
+            self._advance(records, done)
         if self.on_progress:
-            self.on_progress(self.seq)
+            self.on_progress(self.seq + len(self.ahead))
         return True
 
     def _advance(self, records: list, done: set[int]) -> None:
         """Move the cursor past the delivered prefix of ``records``; keep later delivered ones in ``ahead``."""
+        done = done | self.ahead
         for r in records:
             if r.seq not in done:
                 break

@@ -67,6 +67,12 @@ _known_keys: list[str] = []
 MAX_KNOWN_KEYS = 10_000  # past this, start again from the current call's keys (runs that invent keys every step)
 
 
+def reset() -> None:
+    """Forget the known keys (``rllog.init`` calls it on every rank: a new run, perhaps a new process group)."""
+    global _known_keys
+    _known_keys = []
+
+
 def reduce_metrics(values: dict[str, float]) -> dict[str, float]:
     """Reduce host floats across every rank (a collective: every rank must call it). Returns the result on every rank.
 

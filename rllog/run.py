@@ -137,6 +137,8 @@ class NullRun(_Prepare):
 
     def __init__(self, report_to: Any = None, reduce_across_ranks: bool | None = None, **kwargs: Any):
         self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
+        if self._distributed:
+            distributed.reset()
         self._takes_tables = _takes_tables(parse_report_to(report_to))
         self.run_dir = None
         self.sink_names: list[str] = []
@@ -216,6 +218,8 @@ class Run(_Prepare):
         # None: reduce when torch.distributed is up. False: only this process logs (a trainer that
         # already reduced its metrics, like the HF/TRL integration, logs from the main process alone).
         self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
+        if self._distributed:
+            distributed.reset()
         self._takes_tables = _takes_tables(selected) if self._distributed else True
         run_id = secrets.token_hex(8)
         name = name or f"run-{run_id}"

@@ -64,7 +64,7 @@ _STR = {str}
 
 
 def to_scalar(key: str, value: Any) -> Any:
-    """Return ``value`` as a Python float, or as a detached one-element tensor (converted later in bulk).
+    """Return ``value`` as a Python float, or the one-element tensor itself (stacked and converted later in bulk).
 
     Raises:
         InvalidValue: for anything that is not one real number.
@@ -118,12 +118,14 @@ def stack_scalars(tensors: list) -> Any:
     as possible (one ``stack`` in the common case rather than a few small ops per tensor)."""
     torch = sys.modules["torch"]
     with torch.no_grad():
-        try:
-            stacked = torch.stack(tensors)  # same shape, same device: the common case
-        except RuntimeError:  # mixed shapes ((), (1,), ...) or devices: gather on the accelerator, never sync to the host here
-            device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
-            stacked = torch.stack([t.reshape(()).to(device, non_blocking=True) for t in tensors])
-        return stacked.reshape(-1).to(torch.float64)
+        if len({t.dtype for t in tensors}) == 1:  # the common case; mixed dtypes would be promoted to a lossy common one (int64 + bf16 -> bf16)
+            try:
+                return torch.stack(tensors).reshape(-1).to(torch.float64)
+            except RuntimeError:  # mixed shapes ((), (1,), ...) or devices
+                pass
+        # gather on the accelerator (never a sync to the host here), each value converted to float64 on its own first
+        device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
+        return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in tensors])
 
 
 def to_arrow_table(name: str, table: Any) -> pa.Table:

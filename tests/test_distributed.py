@@ -45,7 +45,9 @@ if rank == world - 1:
 run.log(late, step=4)
 run.log_table("completions", {"rank": [rank, rank], "text": [f"r{rank}a", f"r{rank}b"]}, step=2)
 report = run.finish()
-print(json.dumps({"rank": rank, "type": type(run).__name__, "report": {k: v.state for k, v in report.items()}}), flush=True)
+# one file per rank: lines printed by several ranks to torchrun's shared stdout can interleave
+with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "type": type(run).__name__, "report": {k: v.state for k, v in report.items()}}, f)
 dist.destroy_process_group()
 '''
 
@@ -71,15 +73,16 @@ def reference(world: int, step: int) -> dict[str, float]:
 def test_torchrun_reduces_across_ranks_and_only_rank0_writes(tmp_path, world):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    out_dir = tmp_path / "out"
+    out_dir, results_dir = tmp_path / "out", tmp_path / "results"
     out_dir.mkdir()
+    results_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLLOG_DIR": str(tmp_path / "default_runs")}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), str(script), str(out_dir)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), str(script), str(out_dir), str(results_dir)],
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")), key=lambda r: r["rank"])
+    results = sorted((json.loads(p.read_text()) for p in results_dir.glob("rank*.json")), key=lambda r: r["rank"])
     assert [r["type"] for r in results] == ["Run"] + ["NullRun"] * (world - 1)
     assert results[0]["report"] == {"parquet": "delivered"}
     run_dir = out_dir / "run"

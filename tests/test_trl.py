@@ -80,6 +80,24 @@ def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
     assert math.isnan(series["eval/reward"][0][1]) and "note" not in series
 
 
+def test_callback_flattens_nested_values_whether_or_not_another_value_is_text(tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from rllog.integrations.transformers import RLLogCallback
+
+    cb = RLLogCallback(run_dir=str(tmp_path / "run"))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    state = TrainerState()
+    state.global_step = 3
+    cb.on_log(args, state, TrainerControl(), logs={"rewards": {"acc": 0.5}, "loss": 1.0})
+    state.global_step = 4
+    cb.on_log(args, state, TrainerControl(), logs={"rewards": {"acc": 0.75}, "loss": 2.0, "note": "text"})
+    cb.run.finish()
+    series = metric_series(tmp_path / "run")
+    assert series["rewards/acc"] == [(3, 0.5), (4, 0.75)] and series["loss"] == [(3, 1.0), (4, 2.0)]
+    assert "note" not in series
+
+
 def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model, tmp_path):
     from datasets import Dataset
 
@@ -138,13 +156,14 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
 TORCHRUN_GRPO = r'''
 import json, os, sys
 from rllog.demo import make_grpo_trainer
-model_dir, out = sys.argv[1], sys.argv[2]
+model_dir, out, results = sys.argv[1], sys.argv[2], sys.argv[3]
 trainer = make_grpo_trainer(model_dir, os.path.join(out, "trainer"), steps=2, report_to=["parquet", "tensorboard"],
                             rllog_options={"run_dir": os.path.join(out, "run"), "health": False})
 trainer.train()
 run = trainer.rllog_run
 report = run.finish() if run is not None else {}
-print(json.dumps({"rank": int(os.environ["RANK"]), "run": type(run).__name__, "ok": getattr(report, "ok", None)}), flush=True)
+with open(os.path.join(results, "rank%s.json" % os.environ["RANK"]), "w") as f:  # not stdout: ranks' lines can interleave
+    json.dump({"rank": int(os.environ["RANK"]), "run": type(run).__name__, "ok": getattr(report, "ok", None)}, f)
 '''
 
 
@@ -156,12 +175,14 @@ def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path
 
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_GRPO)
-    out = tmp_path / "out"
+    out, results_dir = tmp_path / "out", tmp_path / "results"
+    results_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), tiny_model, str(out)],
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), tiny_model, str(out),
+                           str(results_dir)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"rank"')), key=lambda r: r["rank"])
+    results = sorted((json.loads(p.read_text()) for p in results_dir.glob("rank*.json")), key=lambda r: r["rank"])
     assert results == [{"rank": 0, "run": "Run", "ok": True}, {"rank": 1, "run": "NoneType", "ok": None}]
     series = metric_series(out / "run")
     assert [s for s, _ in series["reward"]] == [1, 2]

@@ -22,7 +22,7 @@ from transformers import TrainerCallback
 
 import rllog
 from rllog.errors import InvalidValue
-from rllog.values import to_scalar
+from rllog.values import flatten, to_scalar
 
 log = logging.getLogger("rllog.integrations")
 
@@ -118,7 +118,11 @@ class RLLogCallback(TrainerCallback):
     def _numbers_only(self, logs: dict) -> dict:
         """``logs`` renamed, without the values that are not numbers (each warned about once)."""
         values = {}
-        for key, value in logs.items():
+        try:
+            flat = flatten(logs)  # as run.log would: nested dicts become "a/b"
+        except InvalidValue:
+            flat = logs
+        for key, value in flat.items():
             if value is None:
                 value = math.nan
             try:
