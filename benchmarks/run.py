@@ -288,9 +288,10 @@ def findings(results: dict) -> list[str]:
         if calls:
             line += (f" Reading 16 records (8 steps) at a time, a sink got {calls['write_metrics']:.2f} `write_metrics`, "
                      f"{calls['write_table']:.2f} `write_table` and {calls['cursor saves']:.2f} cursor-file saves per step: "
-                     "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables, and saves the cursor once "
-                     "per batch, so a tracker's per-call cost (an MLflow `log_batch` is a SQLite transaction; trackio's "
-                     "`SQLiteStorage.bulk_log` opens a connection and runs `init_db` per call) is paid per batch, not per step.")
+                     "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables, so a tracker's per-call "
+                     "cost for metrics (an MLflow `log_batch` is a SQLite transaction; trackio's `SQLiteStorage.bulk_log` opens a "
+                     "connection and runs `init_db` per call) is paid per batch, not per step. The cursor is saved after every call, "
+                     "so a killed agent repeats at most the call in flight.")
         out.append(line)
     if "scaling" in results:
         t = scaling.table_ratios(results["scaling"])
