@@ -329,7 +329,7 @@ def page(results: dict, meta: dict) -> str:
         "Rerun it to refresh this page; `benchmarks/<section>.py [--quick]` runs one section alone and prints its tables.",
         "",
         "Method: every measured configuration runs in its own fresh process, one at a time (never two at once on this 2-core "
-        "machine), with every tracker offline and writing under a temporary directory (the settings of `tests/conftest.py`). "
+        "machine), with every tracker offline and writing under a temporary directory (`rllog.offline.OFFLINE_ENV`, as in the tests). "
         "Times are wall-clock (`perf_counter_ns`); medians and p99 are over the calls of one process, ratios are between medians. "
         "The machine is shared: the load average below says how busy it was.",
         "",
