@@ -255,9 +255,8 @@ class Follower:
                 calls.append(([r], lambda r=r: self.sink.write_table(r)))
             elif isinstance(r, AlertRecord) and takes_alerts:
                 calls.append(([r], lambda r=r: self.sink.write_alert(r)))
-        done = {r.seq for r in records}  # a record no call takes (or delivered before) counts as delivered
-        for part, _ in calls:
-            done.difference_update(r.seq for r in part)
+        # a record no call takes (or delivered before) counts as delivered
+        done = {r.seq for r in records} - {r.seq for part, _ in calls for r in part}
         for part, call in calls:  # the cursor is saved after each call: a killed agent repeats only the call in flight
             delivered = self._call(call)
             if delivered:

@@ -1,6 +1,6 @@
 """The environment variables that keep every supported tracker offline (nothing leaves the machine).
 
-Used by the test suite, the benchmarks and the demo; users can apply them the same way to try rllog
+Used by the test suite and the benchmarks; users can apply them the same way to try rllog
 without accounts. ../shared/ENVIRONMENT.md explains each one.
 
 Example:

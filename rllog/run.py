@@ -113,6 +113,13 @@ class _Prepare:
     _distributed = False
     _takes_tables = True
 
+    def _set_reduction(self, reduce_across_ranks: bool | None) -> None:
+        # None: reduce when torch.distributed is up. False: only this process logs (a trainer that
+        # already reduced its metrics, like the HF/TRL integration, logs from the main process alone).
+        self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
+        if self._distributed:
+            distributed.reset()  # every rank creates its run object: a new run forgets the old run's keys
+
     def _prepare_metrics(self, values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
         floats, tensors = normalise_metrics(values)
         if self._distributed:  # a collective: same call on every rank
@@ -136,9 +143,7 @@ class NullRun(_Prepare):
     """
 
     def __init__(self, report_to: Any = None, reduce_across_ranks: bool | None = None, **kwargs: Any):
-        self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
-        if self._distributed:
-            distributed.reset()
+        self._set_reduction(reduce_across_ranks)
         self._takes_tables = _takes_tables(parse_report_to(report_to))
         self.run_dir = None
         self.sink_names: list[str] = []
@@ -215,11 +220,7 @@ class Run(_Prepare):
         if delivery not in ("process", "thread"):
             raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
         selected = parse_report_to(report_to)
-        # None: reduce when torch.distributed is up. False: only this process logs (a trainer that
-        # already reduced its metrics, like the HF/TRL integration, logs from the main process alone).
-        self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
-        if self._distributed:
-            distributed.reset()
+        self._set_reduction(reduce_across_ranks)
         self._takes_tables = _takes_tables(selected) if self._distributed else True
         run_id = secrets.token_hex(8)
         name = name or f"run-{run_id}"

@@ -15,8 +15,7 @@ import pytest
 from rllog.offline import OFFLINE_ENV, ONLINE_VARS
 
 ROOT = Path(__file__).resolve().parents[1]
-OFFLINE = OFFLINE_ENV
-for _k, _v in OFFLINE.items():  # before any tracker is imported by a test module
+for _k, _v in OFFLINE_ENV.items():  # before any tracker is imported by a test module
     os.environ.setdefault(_k, _v)
 for _k in ONLINE_VARS:
     os.environ.pop(_k, None)
