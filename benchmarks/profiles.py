@@ -137,9 +137,9 @@ def case_tables(params: dict, workdir: Path) -> dict:
 
 
 def case_health(params: dict, workdir: Path) -> dict:
-    """rllog's health rules (``catalog.HealthMonitor``, run on the journal writer thread for every metrics
+    """rllog's health rules (``health.HealthMonitor``, run on the journal writer thread for every metrics
     record) over ``steps`` steps of 30 metrics."""
-    from rllog.catalog import HealthMonitor
+    from rllog.health import HealthMonitor
 
     monitor = HealthMonitor()
     batches = [grpo_metrics(step) for step in range(params["steps"])]

@@ -12,7 +12,6 @@ Importing rllog imports no tracker, torch, trl or transformers.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from rllog.errors import (  # noqa: F401  (re-exported)
@@ -37,7 +36,7 @@ __all__ = ["init", "log", "log_table", "current_run", "read_metrics", "read_tabl
 _current: Run | NullRun | None = None
 
 
-def init(report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any) -> Run:
+def init(report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any) -> Run | NullRun:
     """Start a run that delivers to ``report_to`` and make it the current run.
 
     Args:
@@ -87,25 +86,24 @@ def _require_run() -> Run:
 
 def read_metrics(run_dir: str | os.PathLike):
     """The metrics the parquet backend wrote for ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq)."""
-    from rllog_backends.parquet import METRICS_SCHEMA, read_parts
+    from rllog_backends import parquet
 
-    table = read_parts(Path(run_dir) / "parquet" / "metrics", "seq")
-    return table if table is not None else METRICS_SCHEMA.empty_table()
+    return parquet.read_metrics(run_dir)
 
 
 def read_alerts(run_dir: str | os.PathLike):
     """The health alerts the parquet backend wrote: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
-    from rllog_backends.parquet import ALERTS_SCHEMA, read_parts
+    from rllog_backends import parquet
 
-    table = read_parts(Path(run_dir) / "parquet" / "alerts", "seq")
-    return table if table is not None else ALERTS_SCHEMA.empty_table()
+    return parquet.read_alerts(run_dir)
 
 
 def read_table(run_dir: str | os.PathLike, name: str):
-    """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...)."""
-    from rllog_backends.parquet import read_parts, table_dir_name
+    """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...).
 
-    table = read_parts(Path(run_dir) / "parquet" / "tables" / table_dir_name(name), "_seq")
-    if table is None:
-        raise KeyError(f"no table {name!r} in {run_dir}")
-    return table
+    Raises:
+        KeyError: no table of that name.
+    """
+    from rllog_backends import parquet
+
+    return parquet.read_table(run_dir, name)

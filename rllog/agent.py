@@ -1,27 +1,38 @@
-"""The delivery agent: ``python -m rllog.agent RUN_DIR --follow``.
+"""The delivery agent: ``python -m rllog.agent RUN_DIR --follow``, and :class:`AgentProcess`, which runs it.
 
-Started by :func:`rllog.init` in its own session (a Ctrl-C aimed at the trainer does not hit it).
-It imports and opens the trackers named in ``RUN_DIR/run.json`` and runs one
+The agent imports and opens the trackers named in ``RUN_DIR/run.json`` and runs one
 :class:`rllog.delivery.Follower` thread per sink. It exits when every follower has seen the journal's
 end marker and closed its sink. If the trainer dies without ``finish``, the followers deliver what the
 journal holds and close their sinks with status ``killed``.
+
+:class:`AgentProcess` (in the trainer) starts it in its own session (a Ctrl-C aimed at the trainer
+does not hit it), hands it the sinks' options through a pipe (so secrets in ``backend_options`` never
+reach the disk), watches it from its own thread, restarts it when it dies for the whole life of the
+run (a budget of restarts that refills over time, with backoff), says on the trainer's stderr when
+delivery cannot go on, and stops it at ``finish``'s deadline.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
+from typing import Any, Callable
 
-AGENT_LOG = "agent.log"
+from rllog.rundir import AGENT_LOG
+
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
+CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"  # the trainer's stdout, duplicated for the console backend
+OPTIONS_FROM_STDIN = "--options-stdin"
 
-
-CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"
+log = logging.getLogger("rllog.agent")
 
 
 def _trainer_stdout() -> int | None:
@@ -32,102 +43,289 @@ def _trainer_stdout() -> int | None:
         return None
 
 
-def start_agent(run_dir: Path) -> subprocess.Popen:
-    """Start the agent for ``run_dir``; returns at once (tracker imports happen in the child)."""
-    log_file = open(Path(run_dir) / AGENT_LOG, "ab")
-    console_fd = _trainer_stdout()
-    env = dict(os.environ)
-    if console_fd is not None:
-        env[CONSOLE_FD_ENV] = str(console_fd)
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rllog.agent", str(run_dir), "--follow", "--parent-pid", str(os.getpid())],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=(console_fd,) if console_fd is not None else (),
-            env=env,
-        )
-    finally:
-        log_file.close()
-        if console_fd is not None:
-            os.close(console_fd)
+class RestartBudget:
+    """At most ``burst`` restarts at once, refilled by one every ``refill_seconds``; waits grow while it dies young.
+
+    Args:
+        burst: restarts available at once.
+        refill_seconds: one restart comes back every this many seconds.
+        backoff_base: first wait before a restart, doubled for each death in a row that came within
+            ``young`` seconds of its start, up to ``backoff_cap``.
+    """
+
+    def __init__(self, burst: int = 5, refill_seconds: float = 60.0, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+                 young: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.burst, self.refill_seconds = burst, refill_seconds
+        self.backoff_base, self.backoff_cap, self.young = backoff_base, backoff_cap, young
+        self.clock = clock
+        self._tokens, self._stamp = float(burst), clock()
+        self._young_deaths = 0
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._stamp) / self.refill_seconds)
+        self._stamp = now
+
+    def wait_before_restart(self, lived: float) -> float:
+        """Seconds to wait before the next restart of an agent that lived ``lived`` seconds (takes a token)."""
+        self._young_deaths = self._young_deaths + 1 if lived < self.young else 0
+        backoff = min(self.backoff_cap, self.backoff_base * 2 ** max(0, self._young_deaths - 1))
+        self._refill()
+        wait_for_token = 0.0 if self._tokens >= 1 else (1 - self._tokens) * self.refill_seconds
+        self._tokens -= 1  # may go negative: the wait above pays it back
+        return max(backoff, wait_for_token)
 
 
-def stop_agent(proc: subprocess.Popen, deadline: float) -> bool:
-    """Wait until ``deadline`` (monotonic) for the agent to exit; then stop it. True if it exited by itself."""
-    try:
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        return True
-    except subprocess.TimeoutExpired:
-        proc.terminate()
+class AgentProcess:
+    """The delivery agent of one run, supervised from the trainer.
+
+    Args:
+        run_dir: the run directory (its ``run.json`` names the sinks).
+        options: sink name -> keyword options, secrets included; sent to the agent through a pipe.
+        budget: the restart policy.
+        on_stderr: where "delivery cannot go on" messages go (default: the trainer's stderr).
+
+    Example:
+        >>> agent = AgentProcess(run_dir, {"wandb": {"entity": "me"}}).start()
+        >>> ...                                  # the run logs; the agent delivers
+        >>> agent.stop(deadline=time.monotonic() + 120)
+    """
+
+    POLL_SECONDS = 0.2
+
+    def __init__(self, run_dir: Path, options: dict[str, dict[str, Any]] | None = None, budget: RestartBudget | None = None,
+                 on_stderr: Callable[[str], None] | None = None, sink_names: list[str] | None = None):
+        self.run_dir = Path(run_dir)
+        self.options = options or {}
+        self.sink_names = list(sink_names if sink_names is not None else self.options)
+        self._told_failed: set[str] = set()
+        self._next_sink_check = 0.0
+        self.budget = budget or RestartBudget()
+        self._say = on_stderr or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        self.exits: deque[tuple[int | None, str]] = deque(maxlen=5)  # (exit code, last line of agent.log)
+        self.cause: str | None = None  # why delivery is not going on, for finish's report
+        self._started_at = 0.0
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> "AgentProcess":
+        self._spawn()
+        self._watcher = threading.Thread(target=self._watch, name="rllog-agent-watch", daemon=True)
+        self._watcher.start()
+        return self
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
+
+    def stop(self, deadline: float) -> bool:
+        """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it. True if it exited by itself."""
+        self._stopping.set()
+        with self._lock:
+            proc = self.proc
+        if proc is None:
+            return True
         try:
-            proc.wait(timeout=2)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            return True
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return False
+            proc.terminate()
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            return False
+
+    def wait_while_alive(self, deadline: float) -> None:
+        """Block until the agent exits for good or ``deadline``; restarts (by the watcher) are waited through."""
+        while time.monotonic() < deadline:
+            with self._lock:
+                proc = self.proc
+            if proc is not None and proc.poll() is None:
+                try:
+                    proc.wait(timeout=max(0.0, min(self.POLL_SECONDS, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    pass
+                continue
+            if self._done():
+                return
+            time.sleep(self.POLL_SECONDS)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _done(self) -> bool:
+        """The agent exited and will not be restarted: it finished its work, or its sinks failed."""
+        proc = self.proc
+        return proc is not None and proc.poll() is not None and proc.returncode in (0, EXIT_SINKS_FAILED)
+
+    def _spawn(self) -> None:
+        console_fd = _trainer_stdout()
+        env = dict(os.environ)
+        if console_fd is not None:
+            env[CONSOLE_FD_ENV] = str(console_fd)
+        try:
+            with open(self.run_dir / AGENT_LOG, "ab") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "rllog.agent", str(self.run_dir), "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN],
+                    stdin=subprocess.PIPE,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=(console_fd,) if console_fd is not None else (),
+                    env=env,
+                )
+        finally:
+            if console_fd is not None:
+                os.close(console_fd)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(self.options).encode())
+            proc.stdin.close()
+        except OSError:  # it died at once; the watcher sees it
+            pass
+        with self._lock:
+            self.proc = proc
+        self._started_at = time.monotonic()
+
+    SINK_CHECK_SECONDS = 5.0
+
+    def _check_sinks(self) -> None:
+        """Say on stderr, once per sink, when a sink fails (its records stay pending for replay)."""
+        from rllog.delivery import CursorStore, SinkState
+
+        for name in self.sink_names:
+            if name in self._told_failed:
+                continue
+            cursor = CursorStore(self.run_dir, name).load()
+            if cursor.state in SinkState.BROKEN:
+                self._told_failed.add(name)
+                self._say(f"rllog: delivery to {name!r} failed ({cursor.error}); its records stay in the journal "
+                          f"({self.run_dir}): `rllog replay {self.run_dir} --to {name}` once the cause is fixed")
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.POLL_SECONDS):
+            if time.monotonic() >= self._next_sink_check:
+                self._next_sink_check = time.monotonic() + self.SINK_CHECK_SECONDS
+                try:
+                    self._check_sinks()
+                except Exception as exc:  # the watcher must outlive anything a cursor file holds
+                    log.debug("rllog: checking the sinks' cursors failed: %s", exc)
+            proc = self.proc
+            if proc is None or proc.poll() is None:
+                continue
+            code = proc.returncode
+            if code == 0:
+                return  # every sink closed: the run's end marker was delivered
+            last = _last_line(self.run_dir / AGENT_LOG)
+            self.exits.append((code, last))
+            if code == EXIT_SINKS_FAILED:
+                self.cause = f"every sink ended and some failed (agent exit code {code}); see the sinks' errors"
+                self._check_sinks()
+                return
+            wait = self.budget.wait_before_restart(time.monotonic() - self._started_at)
+            self.cause = f"the delivery agent died (exit code {code}{': ' + last if last else ''}); restarted {self.restarts} times"
+            if wait >= 5:
+                self._say(f"rllog: delivery to the trackers has stopped: the delivery agent keeps dying (exit code {code}"
+                          f"{': ' + last if last else ''}); restarting it in {wait:.0f}s. Records stay in the journal ({self.run_dir}).")
+            else:
+                log.warning("rllog: the delivery agent exited with code %s; restarting it in %.1fs", code, wait)
+            if self._stopping.wait(wait):
+                return
+            self.restarts += 1
+            try:
+                self._spawn()
+            except OSError as exc:  # e.g. no memory for a new process: try again later
+                self.cause = f"the delivery agent could not be restarted: {exc}"
+                self._say(f"rllog: {self.cause}")
 
 
-def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | None = None, orphan_timeout: float = 600.0, on_progress=None) -> int:
-    """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed."""
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 2048))
+            lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        return lines[-1].strip()[:300] if lines else ""
+    except OSError:
+        return ""
+
+
+def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | None = None, orphan_timeout: float = 600.0,
+          on_progress: Callable[[str, int], None] | None = None, options: dict[str, dict[str, Any]] | None = None) -> int:
+    """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed.
+
+    ``options`` (sink name -> keyword options) override the run file's redacted copies.
+    """
     from rllog import registry
-    from rllog.delivery import CLOSED, Follower, RetryPolicy
-    from rllog.run import load_run_info
+    from rllog.delivery import Follower, RetryPolicy, SinkState
+    from rllog.rundir import SinkSpec, load_run_info
 
-    info, data = load_run_info(run_dir)
-    specs = data.get("sinks", [])
+    info, run_file = load_run_info(run_dir)
+    specs = run_file.sinks
     if only is not None:
-        known = {s["name"]: s for s in specs}
-        specs = [known.get(n, {"name": n, "backend": n, "options": {}}) for n in only]
+        known = {s.name: s for s in specs}
+        specs = [known.get(n, SinkSpec(n)) for n in only]
 
     def parent_gone() -> bool:
         return parent_pid is not None and os.getppid() != parent_pid
 
     followers = []
     for spec in specs:
-        def factory(spec=spec):
-            return registry.create(spec["backend"], spec.get("options") or {})
+        sink_options = (options or {}).get(spec.name, spec.options)
+
+        def factory(name: str = spec.name, sink_options: dict = sink_options) -> Any:
+            return registry.create(name, sink_options)
 
         follower = Follower(
-            spec["name"],
+            spec.name,
             factory,
             info,
             follow=follow,
             writer_gone=parent_gone,
-            flush_interval=float(data.get("flush_interval", 1.0)),
-            retry=RetryPolicy(**data.get("retry", {})),
-            on_progress=(lambda seq, name=spec["name"]: on_progress(name, seq)) if on_progress else None,
+            flush_interval=run_file.flush_interval,
+            retry=RetryPolicy(**run_file.retry),
+            on_progress=(lambda seq, name=spec.name: on_progress(name, seq)) if on_progress else None,
         )
         followers.append(follower.start())
     orphaned_at = None
-    while any(f.thread.is_alive() for f in followers):
+    while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:
             f.join(0.2)
         if parent_gone():
             orphaned_at = orphaned_at or time.monotonic()
             if time.monotonic() - orphaned_at > orphan_timeout:
-                logging.getLogger("rllog.agent").error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
-                return len([f for f in followers if f.state != CLOSED])
-    return len([f for f in followers if f.state != CLOSED])
+                log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
+                return len([f for f in followers if f.state != SinkState.CLOSED])
+    return len([f for f in followers if f.state != SinkState.CLOSED])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rllog.agent", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rllog.agent", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--follow", action="store_true", help="keep delivering while the journal grows, until its end marker")
     parser.add_argument("--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed")
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
+    parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
     args = parser.parse_args(argv)
+    options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
     # Delivery is background work: on a machine with few cores the trainer should win the CPU.
     try:
         os.nice(int(os.environ.get("RLLOG_AGENT_NICE", "10")))
     except (OSError, ValueError):
         pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout)
+    failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options)
     sys.stdout.flush()
     # os._exit: a tracker's non-daemon thread (or a hung sink) must not keep the agent alive.
     os._exit(EXIT_SINKS_FAILED if failed else 0)

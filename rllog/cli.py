@@ -6,11 +6,16 @@ import argparse
 import math
 import os
 import sys
-from pathlib import Path
+from collections import Counter
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from rllog.records import AlertRecord
+    from rllog.summary import RunSummary
 
 # Piped output (CI logs, `| less`) gets 120 columns rather than Rich's 80, so metric names fit on one line.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
@@ -38,15 +43,36 @@ def cmd_backends(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from rllog.catalog import explain, health
-    from rllog.run import load_run_info, report
     from rllog.summary import summarise
 
-    info, _ = load_run_info(args.run_dir)
-    s = summarise(args.run_dir)
+    show_run(args.run_dir, summarise(args.run_dir))
+    return 0
+
+
+def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
+    """Print a run: its identity, per-metric last/min/max and health, alerts, tables and each sink's delivery state."""
+    from rllog.rundir import DELIVERED, FAILED, PENDING, load_run_info, report
+
+    info, _ = load_run_info(run_dir)
     steps = f"{min(s.steps)}..{max(s.steps)} ({len(s.steps)} distinct)" if s.steps else "none"
-    console.print(f"[bold]{escape(info.project)} / {escape(info.name)}[/bold]  run_id={info.run_id}  status={s.status or 'running or killed'}")
-    console.print(f"{escape(str(args.run_dir))}\nrecords: {s.records}   steps: {steps}")
+    status = s.status or "running or killed"
+    console.print(f"[bold]{escape(info.project)} / {escape(info.name)}[/bold]  run_id={info.run_id}  status={status}")
+    console.print(f"{escape(str(run_dir))}\nrecords: {s.records}   steps: {steps}")
+    _print_metrics(s)
+    _print_alerts(s.alerts)
+    for name, (n, rows) in sorted(s.tables.items()):
+        console.print(f"table [bold]{escape(name)}[/bold]: logged {n} times, {rows} rows")
+    for r in report(run_dir).values():
+        colour = {DELIVERED: "green", PENDING: "yellow", FAILED: "red"}[r.state]
+        error = ": " + escape(r.error) if r.error else ""
+        counts = f"({r.delivered} delivered, {r.pending} pending)"
+        console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] {counts}{error}")
+
+
+def _print_metrics(s: RunSummary) -> None:
+    """The metrics table (unhealthy last values in red), then an explanation of each unhealthy metric."""
+    from rllog.catalog import explain, health
+
     table = Table(title="metrics")
     table.add_column("metric", overflow="fold")
     for col in ("last", "min", "max", "count"):
@@ -59,27 +85,27 @@ def cmd_show(args) -> int:
         state = health(key, m.last)
         if state == "unhealthy":
             unhealthy.append(key)
-        mark = {"ok": "[green]ok[/green]", "unhealthy": "[bold red]UNHEALTHY[/bold red]"}.get(state, "")
+        mark = {"ok": "[green]ok[/green]", "unhealthy": "[bold red]UNHEALTHY[/bold red]"}.get(state or "", "")
         label = f"[bold red]{escape(key)}[/bold red]" if state == "unhealthy" else escape(key)
-        table.add_row(label, _fmt(m.last), _fmt(m.min) if m.min != math.inf else "-", _fmt(m.max) if m.max != -math.inf else "-", f"{m.count}{extra}", mark)
+        low, high = _fmt(m.min) if m.min != math.inf else "-", _fmt(m.max) if m.max != -math.inf else "-"
+        table.add_row(label, _fmt(m.last), low, high, f"{m.count}{extra}", mark)
     console.print(table)
     for key in unhealthy:
-        console.print(f"[bold red]unhealthy[/bold red] [bold]{escape(key)}[/bold] = {_fmt(s.metrics[key].last)} at step {s.metrics[key].last_step}: {escape(explain(key, s.metrics[key].last) or '')}")
-    alerts = list(getattr(s, "alerts", None) or [])
-    if alerts:
-        by_rule: dict[str, int] = {}
-        for a in alerts:
-            by_rule[a.rule] = by_rule.get(a.rule, 0) + 1
-        console.print(f"[bold]alerts[/bold]: {len(alerts)} ({', '.join(f'{r} x{n}' for r, n in sorted(by_rule.items()))}); latest:")
-        for a in alerts[-5:]:
-            colour = "red" if a.level == "error" else "yellow"
-            console.print(f"  [{colour}]step {a.step} {a.level.upper()} {escape('[' + a.rule + ']')} {escape(a.metric)}={_fmt(a.value)}: {escape(a.message)}[/{colour}]")
-    for name, (n, rows) in sorted(s.tables.items()):
-        console.print(f"table [bold]{escape(name)}[/bold]: logged {n} times, {rows} rows")
-    for r in report(args.run_dir).values():
-        colour = {"delivered": "green", "pending": "yellow", "failed": "red"}[r.state]
-        console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] ({r.delivered} delivered, {r.pending} pending){': ' + escape(r.error) if r.error else ''}")
-    return 0
+        m = s.metrics[key]
+        why = escape(explain(key, m.last) or "")
+        console.print(f"[bold red]unhealthy[/bold red] [bold]{escape(key)}[/bold] = {_fmt(m.last)} at step {m.last_step}: {why}")
+
+
+def _print_alerts(alerts: list[AlertRecord]) -> None:
+    """How many alerts each rule raised, and the latest five."""
+    if not alerts:
+        return
+    by_rule = Counter(a.rule for a in alerts)
+    console.print(f"[bold]alerts[/bold]: {len(alerts)} ({', '.join(f'{r} x{n}' for r, n in sorted(by_rule.items()))}); latest:")
+    for a in alerts[-5:]:
+        colour = "red" if a.level == "error" else "yellow"
+        what = f"{a.level.upper()} {escape('[' + a.rule + ']')} {escape(a.metric)}={_fmt(a.value)}: {escape(a.message)}"
+        console.print(f"  [{colour}]step {a.step} {what}[/{colour}]")
 
 
 def cmd_plot(args) -> int:
@@ -96,7 +122,7 @@ def cmd_replay(args) -> int:
     from rllog import journal
     from rllog.agent import serve
     from rllog.registry import resolve
-    from rllog.run import report
+    from rllog.rundir import report
 
     names = [resolve(n).name if n.lower() not in {"parquet"} else n for n in args.to.split(",") if n.strip()]
     total = journal.last_seq(args.run_dir)
@@ -117,7 +143,11 @@ def cmd_replay(args) -> int:
 def cmd_demo(args) -> int:
     from rllog.demo import run_demo
 
-    return run_demo(args)
+    result = run_demo(steps=args.steps, run_dir=args.run_dir, report_to=args.report_to, simulated=args.simulate)
+    console.print(f"\n[bold]delivery:[/bold]\n{result.report}\n")
+    show_run(result.run_dir, result.summary)
+    console.print(f"wrote {result.plot}")
+    return 0 if result.report.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,14 +4,25 @@ This is the one place for batching, retries, backoff and cursors (the "processor
 :class:`rllog.sink.MetricSink` is the "exporter"). One :class:`Follower` serves one sink on its own
 thread, so a slow, hung or failing sink never holds up another one.
 
-Cursor files live in ``RUN_DIR/delivery/<sink>.json`` (``{"seq", "state", "error", ...}``); a cursor
-only moves after the sink accepted the records below it, and a file lock
-(``RUN_DIR/delivery/<sink>.lock``) makes sure two deliverers never serve one sink of one run.
+A cursor means durable. A sink's cursor file (``RUN_DIR/delivery/<sink>.json``, see
+:class:`CursorStore`) moves past a record only once the sink can no longer lose it: after the
+``flush()`` that followed the write, or right after the write for a sink whose
+``capabilities.durable_writes`` says its writes are durable. An agent killed at any instant then
+re-sends at most what was in flight, and never skips what a sink only buffered.
+
+One bad record never stops a sink. A record the sink rejects with a permanent error (anything but
+:class:`rllog.errors.TransientError`) is set aside; once a later call to the same sink succeeds (so
+the sink works and the record was the problem) it goes to the sink's dead-letter list and delivery
+goes on. Records still set aside when the journal ends stay pending, and the sink is reported failed. When :data:`MAX_SUSPECTS` records in a row fail, the sink itself is broken: it is marked
+failed and those records stay pending for ``rllog replay``.
+
+A file lock (``RUN_DIR/delivery/<sink>.lock``) makes sure two deliverers never serve one sink of one run.
 """
 
 from __future__ import annotations
 
-import email.utils
+import collections
+import errno
 import json
 import logging
 import os
@@ -20,37 +31,37 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from filelock import FileLock, Timeout
 
 from rllog.errors import RateLimited, SinkBusy, TransientError
-from rllog.journal import End, JournalReader
+from rllog.journal import Damage, End, JournalReader
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import MetricSink
 
 log = logging.getLogger("rllog.delivery")
 
-# Sink states, as written in the cursor file and reported by ``Run.finish``.
-WAITING, RUNNING, CLOSED, FAILED, GAVE_UP, STOPPED = "waiting", "running", "closed", "failed", "gave_up", "stopped"
+
+class SinkState:
+    """A sink's delivery state, as written in its cursor file."""
+
+    WAITING = "waiting"  # no deliverer has started
+    RUNNING = "running"
+    CLOSED = "closed"  # saw the end (or the trainer's death), closed the sink
+    FAILED = "failed"  # a permanent error: open/flush/close failed, or MAX_SUSPECTS records in a row
+    GAVE_UP = "gave_up"  # transient errors for longer than RetryPolicy.give_up_after
+    STOPPED = "stopped"  # the deliverer was told to stop while retrying
+
+    BROKEN = (FAILED, GAVE_UP)
 
 
-def parse_retry_after(value: str | float | int | None, now: float | None = None) -> float | None:
-    """Seconds to wait from an HTTP ``Retry-After`` value (delta-seconds or an HTTP-date), or None."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return max(0.0, float(value))
-    text = str(value).strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+# kept for existing imports
+WAITING, RUNNING, CLOSED, FAILED, GAVE_UP, STOPPED = (SinkState.WAITING, SinkState.RUNNING, SinkState.CLOSED,
+                                                      SinkState.FAILED, SinkState.GAVE_UP, SinkState.STOPPED)
+
+MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
+DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
 
 @dataclass
@@ -74,38 +85,88 @@ class RetryPolicy:
         """Seconds to wait before retry number ``attempt`` (0-based) after ``error``."""
         if isinstance(error, RateLimited) and error.retry_after is not None:
             return error.retry_after
-        return self.random() * min(self.cap, self.base * (2 ** attempt))
+        return self.random() * min(self.cap, self.base * 2.0 ** min(attempt, 64))  # 2**attempt overflows a float past ~1000 attempts
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"base": self.base, "cap": self.cap, "give_up_after": self.give_up_after}
+
+
+@dataclass
+class Cursor:
+    """What a sink's cursor file holds.
+
+    Attributes:
+        seq: every readable record with a seq at or below this is durable in the sink (or dead-lettered).
+        ahead: seqs above ``seq`` that are durable too (a batch that failed midway).
+        dead_letters: records the sink rejected for good: ``{"seq", "step", "kind", "error"}``
+            (the first :data:`DEAD_LETTERS_KEPT`); ``dead_letter_count`` is exact.
+        damage: what the reader skipped (damaged bytes, torn tails).
+    """
+
+    seq: int = 0
+    ahead: list[int] = field(default_factory=list)
+    state: str = SinkState.WAITING
+    error: str | None = None
+    status: str | None = None
+    dead_letters: list[dict] = field(default_factory=list)
+    dead_letter_count: int = 0
+    damage: dict[str, int] = field(default_factory=dict)
+    pid: int | None = None
+    time: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Cursor":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
 
 
 class CursorStore:
-    """The persisted delivery position and state of one sink of one run."""
+    """The persisted delivery position and state of one sink of one run (``RUN_DIR/delivery/<sink>.json``)."""
 
     def __init__(self, run_dir: str | os.PathLike, sink_name: str):
         self.directory = Path(run_dir) / "delivery"
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{sink_name}.json"
-        # acquired by the thread that starts a follower, released by the follower thread itself
-        self.lock = FileLock(str(self.directory / f"{sink_name}.lock"), thread_local=False)
+        self._lock_path = self.directory / f"{sink_name}.lock"
+        self._lock: FileLock | None = None
 
-    def load(self) -> dict:
+    @staticmethod
+    def names(run_dir: str | os.PathLike) -> list[str]:
+        """The sinks that have a cursor in ``run_dir``."""
+        return sorted(p.stem for p in (Path(run_dir) / "delivery").glob("*.json"))
+
+    def load(self) -> Cursor:
         try:
-            return json.loads(self.path.read_text())
-        except (FileNotFoundError, ValueError):
-            return {"seq": 0, "state": WAITING, "error": None}
+            return Cursor.from_dict(json.loads(self.path.read_text()))
+        except (FileNotFoundError, ValueError, TypeError):
+            return Cursor()
 
-    def save(self, **state) -> None:
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.path)
+    def save(self, cursor: Cursor) -> None:
+        """Write atomically (a temporary file renamed over the old one)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(cursor.__dict__))
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def acquire(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        # acquired by the thread that starts a follower, released by the follower thread itself
+        self._lock = FileLock(str(self._lock_path), thread_local=False)
         try:
-            self.lock.acquire(timeout=0)
+            self._lock.acquire(timeout=0)
         except Timeout:
-            raise SinkBusy(f"another process is delivering to {self.path.stem!r} of this run ({self.lock.lock_file})") from None
+            raise SinkBusy(f"another process is delivering to {self.path.stem!r} of this run (lock {self._lock_path})") from None
 
     def release(self) -> None:
-        self.lock.release()
+        if self._lock is not None:
+            self._lock.release()
+
+
+def _kind(record: Any) -> str:
+    return {MetricsRecord: "metrics", TableRecord: "table", AlertRecord: "alert"}.get(type(record), type(record).__name__)
 
 
 class Follower:
@@ -119,7 +180,8 @@ class Follower:
         follow: keep reading while the journal grows until its end marker (or until ``writer_gone``
             says no writer is left); otherwise deliver what is there now and close.
         writer_gone: returns True once the process writing the journal is dead.
-        flush_interval: the sink's ``flush`` is called at least this often while records flow.
+        flush_interval: the sink's ``flush`` is called at least this often while records flow (and
+            the cursor of a sink that buffers moves then).
     """
 
     def __init__(
@@ -151,13 +213,19 @@ class Follower:
         self._sleep = sleep or self._stop.wait
         self.on_progress = on_progress
         self.cursor = CursorStore(run_info.run_dir, name)
-        saved = self.cursor.load()
-        self.seq = saved.get("seq", 0)
-        self.ahead: set[int] = set(saved.get("ahead", ()))  # delivered beyond ``seq`` by a batch that failed midway
-        self.state = WAITING
+        self.saved = self.cursor.load()
+        self.seq = self.saved.seq
+        self.ahead: set[int] = set(self.saved.ahead)
+        self.state = SinkState.WAITING
         self.error: str | None = None
-        self.status: str | None = None
+        self.status: str | None = self.saved.status
         self.thread: threading.Thread | None = None
+        self._dirty = False  # written since the last flush
+        self._outstanding: collections.deque[int] = collections.deque()  # read, not yet durable, in read order
+        self._durable: set[int] = set()  # outstanding seqs that are durable (or dead-lettered)
+        self._in_flight: set[int] = set()  # accepted by a sink that buffers, waiting for its flush
+        self._suspects: list[tuple[Any, str]] = []  # records rejected since the sink last succeeded
+        self._damage = Damage(**self.saved.damage)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "Follower":
@@ -179,8 +247,9 @@ class Follower:
     def run(self) -> None:
         """Deliver until the end of the journal (follow) or until what is there now is delivered."""
         reader = JournalReader(self.run_info.run_dir, after_seq=self.seq)
-        last_flush, dirty = time.monotonic(), False
-        self._save(RUNNING)
+        reader.damage = self._damage
+        last_flush = time.monotonic()
+        self._save(SinkState.RUNNING)
         try:
             # A live run opens its tracker at once (the tracker's run appears when training starts);
             # a replay opens it only if there is something to deliver.
@@ -191,14 +260,12 @@ class Follower:
                 batch = reader.read(self.batch_size, final=gone or not self.follow)
                 end = next((r for r in batch if isinstance(r, End)), None)
                 records = [r for r in batch if not isinstance(r, End)]
-                if records:
-                    if not self._deliver(records):
+                if records and not self._deliver(records):
+                    return
+                if self._dirty and (time.monotonic() - last_flush >= self.flush_interval or not records):
+                    if not self._flush():
                         return
-                    dirty = True
-                if dirty and (time.monotonic() - last_flush >= self.flush_interval or not records):
-                    if not self._call(self.sink.flush):
-                        return
-                    last_flush, dirty = time.monotonic(), False
+                    last_flush = time.monotonic()
                 if end is not None:
                     self.status = end.status
                 if end is not None or (not batch and (gone or not self.follow)):
@@ -220,101 +287,173 @@ class Follower:
         if self.sink is not None:
             return True
 
-        def open_sink():
-            sink = self._sink_or_factory() if callable(self._sink_or_factory) and not isinstance(self._sink_or_factory, MetricSink) else self._sink_or_factory
+        def open_sink() -> None:
+            factory = self._sink_or_factory
+            sink = factory() if callable(factory) and not isinstance(factory, MetricSink) else factory
             sink.open(self.run_info)
             self.sink = sink
 
-        return self._call(open_sink)
+        return self._call(open_sink) is None
+
+    @property
+    def _durable_writes(self) -> bool:
+        return bool(getattr(getattr(self.sink, "capabilities", None), "durable_writes", False))
 
     def _deliver(self, records: list) -> bool:
         """Deliver one batch: its metrics in one ``write_metrics`` call, then its tables and alerts.
 
-        Grouping the metrics is what makes a live run cheap to deliver: the journal hands a
-        batch of steps (metrics and a completions table each) to the follower at once, and a
-        tracker's per-call cost (an MLflow transaction, a trackio connection) is paid per batch
-        rather than per step. Every record carries its step, so no tracker depends on the
-        interleaving. The cursor is saved after each call of a batch: what a call delivered past
-        the contiguous prefix is remembered (``ahead``), so neither a failed call nor a killed
-        agent makes a replay repeat more than the call in flight.
+        Grouping the metrics is what makes a live run cheap to deliver: a tracker's per-call cost (an
+        MLflow transaction, a trackio connection) is paid per batch rather than per step. Every record
+        carries its step, so no tracker depends on the interleaving. A rejected call is repeated record
+        by record, so one bad record costs only itself.
         """
+        self._outstanding.extend(r.seq for r in records)
         todo = [r for r in records if r.seq not in self.ahead]
-        if not todo:  # all of it delivered before a failure: move the cursor, open nothing
-            self._advance(records, set())
-            return True
-        if not self._ensure_open():
+        self._durable.update(r.seq for r in records if r.seq in self.ahead)
+        if todo and not self._ensure_open():
             return False
-        takes_tables = getattr(self.sink.capabilities, "tables", False)
-        takes_alerts = getattr(self.sink.capabilities, "alerts", False) and hasattr(self.sink, "write_alert")
+        sink = self.sink
+        takes_tables = bool(todo) and getattr(sink.capabilities, "tables", False)
+        takes_alerts = bool(todo) and getattr(sink.capabilities, "alerts", False) and hasattr(sink, "write_alert")
         metrics = [r for r in todo if isinstance(r, MetricsRecord)]
-        calls: list[tuple[list, Callable[[], None]]] = []
+        calls: list[tuple[list, Callable[[list], None]]] = []
         if metrics:
-            calls.append((metrics, lambda: self.sink.write_metrics(metrics)))
+            calls.append((metrics, lambda part: sink.write_metrics(part)))
         for r in todo:
             if isinstance(r, TableRecord) and takes_tables:
-                calls.append(([r], lambda r=r: self.sink.write_table(r)))
+                calls.append(([r], lambda part: sink.write_table(part[0])))
             elif isinstance(r, AlertRecord) and takes_alerts:
-                calls.append(([r], lambda r=r: self.sink.write_alert(r)))
-        # a record no call takes (or delivered before) counts as delivered
-        done = {r.seq for r in records} - {r.seq for part, _ in calls for r in part}
-        for part, call in calls:  # the cursor is saved after each call: a killed agent repeats only the call in flight
-            delivered = self._call(call)
-            if delivered:
-                done.update(r.seq for r in part)
-            self._advance(records, done)
-            if not delivered:
+                calls.append(([r], lambda part: sink.write_alert(part[0])))
+        taken = {r.seq for part, _ in calls for r in part}
+        self._durable.update(r.seq for r in todo if r.seq not in taken)  # a record no call takes is done
+        for part, call in calls:
+            error = self._call(lambda: call(part), permanent_ok=True)
+            if error is not None and len(part) > 1 and self.state == SinkState.RUNNING:  # find the bad record(s)
+                for record in part:
+                    one = self._call(lambda record=record: call([record]), permanent_ok=True)
+                    if not self._accepted([record], one):
+                        return False
+            elif not self._accepted(part, error):
                 return False
-        if not calls:
-            self._advance(records, done)
-        if self.on_progress:
-            self.on_progress(self.seq + len(self.ahead))
+        self._advance()
         return True
 
-    def _advance(self, records: list, done: set[int]) -> None:
-        """Move the cursor past the delivered prefix of ``records``; keep later delivered ones in ``ahead``."""
-        done = done | self.ahead
-        for r in records:
-            if r.seq not in done:
-                break
-            self.seq = r.seq
-        self.ahead = {s for s in self.ahead | done if s > self.seq}
-        self._save(self.state)
+    def _accepted(self, part: list, error: str | None) -> bool:
+        """Book the result of one call. False when delivery must stop (the sink failed)."""
+        if self.state in SinkState.BROKEN or self.state == SinkState.STOPPED:
+            self._advance()
+            return False
+        if error is None:
+            self._confirm_suspects()  # the sink took a later record: the ones it rejected were bad, not the sink
+            seqs = {r.seq for r in part}
+            self._dirty = True
+            if self._durable_writes:
+                self._durable |= seqs
+            else:
+                self._in_flight |= seqs
+            return True
+        self._suspects.extend((r, error) for r in part)
+        if len(self._suspects) >= MAX_SUSPECTS:
+            self.error = f"{len(self._suspects)} records in a row rejected; last: {error}"
+            log.error("rllog: sink %r failed: %s", self.name, self.error)
+            self._advance()
+            self._save(SinkState.FAILED)
+            return False
+        return True
 
-    def _call(self, fn: Callable[[], None]) -> bool:
-        """Run ``fn`` with retries. False when the sink failed or was given up (state saved)."""
+    def _confirm_suspects(self) -> None:
+        """The sink took a later call: the records it rejected before were bad, not the sink."""
+        for record, error in self._suspects:
+            self.saved.dead_letter_count += 1
+            if len(self.saved.dead_letters) < DEAD_LETTERS_KEPT:
+                self.saved.dead_letters.append({"seq": record.seq, "step": record.step, "kind": _kind(record), "error": error})
+            self._durable.add(record.seq)
+            log.error("rllog: sink %r rejected record seq %d (step %d) for good: %s; it is in the dead-letter list, delivery goes on", self.name, record.seq, record.step, error)
+        self._suspects = []
+
+    def _flush(self) -> bool:
+        if self._call(self.sink.flush) is not None:
+            return False
+        self._durable |= self._in_flight
+        self._in_flight = set()
+        self._dirty = False
+        self._advance()
+        return True
+
+    def _advance(self) -> None:
+        """Move the cursor past the durable prefix of what was read; keep later durable seqs in ``ahead``."""
+        moved = 0
+        while self._outstanding and self._outstanding[0] in self._durable:
+            self.seq = self._outstanding.popleft()
+            self._durable.discard(self.seq)
+            moved += 1
+        self.ahead = {s for s in self.ahead | self._durable if s > self.seq}
+        self._save(self.state)
+        if moved and self.on_progress:
+            self.on_progress(self.seq)
+
+    def _call(self, fn: Callable[[], None], permanent_ok: bool = False) -> str | None:
+        """Run ``fn`` with retries. Returns None on success, else the error (state saved).
+
+        With ``permanent_ok`` a permanent error is returned to the caller (the record may be bad);
+        otherwise it fails the sink.
+        """
         attempt, first_failure = 0, None
         while True:
             try:
                 fn()
-                return True
+                return None
             except TransientError as exc:
                 now = time.monotonic()
                 first_failure = first_failure or now
                 if self.retry.give_up_after is not None and now - first_failure >= self.retry.give_up_after:
-                    self._fail(exc, GAVE_UP)
-                    return False
+                    return self._fail(exc, SinkState.GAVE_UP)
                 wait = self.retry.delay(attempt, exc)
                 log.info("rllog: sink %r: %s; retrying in %.2fs", self.name, exc, wait)
                 attempt += 1
                 self._sleep(wait)
                 if self._stop.is_set():
-                    self._fail(exc, STOPPED)
-                    return False
+                    return self._fail(exc, SinkState.STOPPED)
             except Exception as exc:
-                self._fail(exc)
-                return False
+                if permanent_ok:
+                    return f"{type(exc).__name__}: {exc}"
+                return self._fail(exc)
 
     def _close(self, status: str) -> None:
         if self.sink is not None:
-            if not self._call(lambda: self.sink.close(status)):
+            if self._call(lambda: self.sink.close(status)) is not None:
                 return
-        self._save(CLOSED)
+            self._durable |= self._in_flight  # close flushes
+            self._in_flight = set()
+        self._advance()
+        if self._suspects:  # rejected, and no later record was taken to show the sink works: they stay pending
+            record, error = self._suspects[-1]
+            self.error = f"{len(self._suspects)} records rejected at the end of the journal (last: seq {record.seq}): {error}"
+            self._save(SinkState.FAILED)
+            return
+        self._save(SinkState.CLOSED)
 
-    def _fail(self, exc: BaseException, state: str = FAILED) -> None:
+    def _fail(self, exc: BaseException, state: str = SinkState.FAILED) -> str:
         self.error = f"{type(exc).__name__}: {exc}"
         log.error("rllog: sink %r %s at seq %d: %s", self.name, state.replace("_", " "), self.seq, self.error)
         self._save(state)
+        return self.error
 
     def _save(self, state: str) -> None:
+        """Persist the cursor. A disk that refuses the write (full) is waited for, never fatal."""
         self.state = state
-        self.cursor.save(seq=self.seq, ahead=sorted(self.ahead), state=state, error=self.error, status=self.status, pid=os.getpid(), time=time.time())
+        self.saved.seq, self.saved.ahead = self.seq, sorted(self.ahead)
+        self.saved.state, self.saved.error, self.saved.status = state, self.error, self.status
+        self.saved.damage, self.saved.pid, self.saved.time = self._damage.as_dict(), os.getpid(), time.time()
+        warned = False
+        while True:
+            try:
+                self.cursor.save(self.saved)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or self._stop.is_set():
+                    raise
+                if not warned:
+                    log.error("rllog: sink %r: cannot save its cursor (%s); retrying until the disk has room", self.name, exc)
+                    warned = True
+                self._stop.wait(0.5)

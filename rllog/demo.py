@@ -1,17 +1,21 @@
-"""``rllog demo``: a run written to the embedded default (parquet), then ``show`` and ``plot``.
+"""``rllog demo``: a run written to the embedded default (parquet), read back and plotted.
 
 By default it is a real tiny GRPO training with TRL (a tiny local Qwen2 model built on the spot, on the
-CPU, no hub); ``--simulate`` writes GRPO-shaped metrics without TRL.
+CPU, no hub); ``simulated=True`` (``--simulate``) writes GRPO-shaped metrics without TRL. :func:`run_demo`
+returns what it made (:class:`DemoResult`); the ``rllog demo`` command shows it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import random
-from types import SimpleNamespace
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import rllog
+from rllog.summary import RunSummary, summarise
 
 
 def simulate(run: "rllog.Run", steps: int, seed: int = 0) -> None:
@@ -47,20 +51,44 @@ def simulate(run: "rllog.Run", steps: int, seed: int = 0) -> None:
             }, step=step)
 
 
-def run_demo(args: SimpleNamespace) -> int:
-    from rllog import cli
+@dataclass(frozen=True)
+class DemoResult:
+    """What a demo run made.
 
-    if args.simulate:
-        run = rllog.init(report_to=args.report_to, project="rllog-demo", name="simulated-grpo", run_dir=args.run_dir, config={"steps": args.steps, "simulated": True})
-        simulate(run, args.steps)
-        report = run.finish()
+    Attributes:
+        run_dir: the run directory.
+        report: the delivery report of ``Run.finish`` (one entry per backend).
+        summary: the run read back from its journal (metrics, tables, alerts, status).
+        plot: the PNG of the run's crucial metrics.
+    """
+
+    run_dir: Path
+    report: rllog.FinishReport
+    summary: RunSummary
+    plot: Path
+
+
+def run_demo(
+    steps: int = 40, run_dir: str | os.PathLike | None = None, report_to: str | None = None, simulated: bool = False
+) -> DemoResult:
+    """Log a demo run, read it back and plot it.
+
+    Args:
+        steps: training (or simulated) steps.
+        run_dir: the run directory (default: rllog's, under ``RLLOG_DIR``).
+        report_to: backends, comma-separated (default: parquet).
+        simulated: GRPO-shaped simulated metrics instead of a real tiny TRL training.
+    """
+    from rllog.plot import plot_run
+
+    if simulated:
+        config = {"steps": steps, "simulated": True}
+        run = rllog.init(report_to=report_to, project="rllog-demo", name="simulated-grpo", run_dir=run_dir, config=config)
+        simulate(run, steps)
+        report, run_dir = run.finish(), run.run_dir
     else:
-        run_dir, report = train_tiny_grpo(steps=args.steps, report_to=args.report_to or "parquet", run_dir=args.run_dir)
-        run = SimpleNamespace(run_dir=run_dir)
-    cli.console.print(f"\n[bold]delivery:[/bold]\n{report}\n")
-    cli.cmd_show(SimpleNamespace(run_dir=str(run.run_dir)))
-    cli.cmd_plot(SimpleNamespace(run_dir=str(run.run_dir), output=None, metrics=None))
-    return 0 if report.ok else 1
+        run_dir, report = train_tiny_grpo(steps=steps, report_to=report_to or "parquet", run_dir=run_dir)
+    return DemoResult(Path(run_dir), report, summarise(run_dir), plot_run(run_dir))
 
 
 # --- the real tiny GRPO run ---------------------------------------------------------------------
@@ -113,8 +141,8 @@ def reward_short(completions, **kwargs):
     return [1.0 / (1.0 + len(t)) for t in texts]
 
 
-def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, **config_overrides: Any):
-    """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only."""
+def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None):
+    """The demo's GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -126,13 +154,14 @@ def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: An
     settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
                     max_steps=steps, logging_steps=1, report_to=report_to, log_completions=True, num_completions_to_print=0,
                     beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False, dataloader_num_workers=0)
-    settings.update(config_overrides)
     dataset = Dataset.from_dict({"prompt": PROMPTS})
     return Trainer(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings), train_dataset=dataset,
                    rllog_options=rllog_options)
 
 
-def train_tiny_grpo(steps: int = 40, report_to: Any = "parquet", run_dir: str | None = None):
+def train_tiny_grpo(
+    steps: int = 40, report_to: Any = "parquet", run_dir: str | os.PathLike | None = None
+) -> tuple[Path, rllog.FinishReport]:
     """Train the tiny model with GRPO for ``steps`` steps, logging through rllog; returns (run_dir, report)."""
     import tempfile
 

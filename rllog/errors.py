@@ -66,3 +66,15 @@ class RateLimited(TransientError):
     def __init__(self, retry_after: float | None = None, message: str = "rate limited"):
         super().__init__(f"{message} (retry after {retry_after}s)" if retry_after is not None else message)
         self.retry_after = retry_after
+
+
+class InvalidArgument(RllogError, ValueError):
+    """An argument of ``rllog.init`` (or another rllog call) outside what it accepts, e.g. ``flush_interval=0``."""
+
+
+class ForkedChild(RllogError, RuntimeError):
+    """``log``/``log_table``/``finish`` called in a process forked from the one that started the run.
+
+    A forked child (a DataLoader or multiprocessing worker, a reward worker) shares no writer thread
+    with the run: return the values to the parent process and log them there.
+    """

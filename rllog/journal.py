@@ -1,20 +1,35 @@
 """The run's append-only journal: the source of truth between the trainer and every sink.
 
-Layout: ``RUN_DIR/journal/<first_seq:012d>.rlj`` segments. Each record is one frame::
+Layout: ``RUN_DIR/journal/<first_seq:012d>.rlj`` segments (``<first_seq:012d>.<n>.rlj`` when a
+segment of that name exists already). Each record is one frame, little-endian::
 
-    magic b"RJ" | kind u8 | pad u8 | seq u64 | length u32 | crc32 u32 | payload (length bytes)
+    magic b"RLJ2" | kind u8 | flags u8 (0) | reserved u16 (0) | seq u64 | length u32 | header_crc u32 | crc u32 | payload
+
+``header_crc`` is the CRC-32 of the 20 bytes before it; ``crc`` is the CRC-32 of those same 20 bytes
+followed by the payload: the checksum covers header and payload. A reader trusts a frame's length only
+once its header checksum holds, so one damaged byte anywhere costs at most the frame it hits:
+
+- a damaged header (magic, kind, seq, length): the reader searches forward for the next position where
+  a header with a valid checksum starts (re-synchronises) and counts the bytes it skipped;
+- a damaged payload: the header's length is trusted, the frame is skipped and counted;
+- a frame that ends past the end of the file: still being written, or the torn tail of a writer that
+  was killed mid-write. Followers wait for it; once no writer is left (``final``) or a later segment
+  exists, it is skipped and counted as torn.
 
 Kinds: metrics (JSON ``{"step", "time", "values"}``; NaN/inf as JSON's NaN/Infinity), table (u32 header
 length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), alert (JSON of the
-:class:`AlertRecord` fields), end (JSON ``{"status", "time"}``, seq 0). A writer never appends to a segment it did not create, so a torn frame (process killed
-mid-write) can only be the tail of a segment: readers skip it with a warning and go on.
+:class:`AlertRecord` fields), end (JSON ``{"status", "time"}``, seq 0).
 
-One background thread per run writes; ``append`` only puts the entry in a deque (no disk wait).
+One background thread per run writes (:class:`JournalWriter`); ``append`` only puts the entry in a
+deque (no disk wait). A writer never appends to a segment it did not create, and a write the disk
+refuses halfway (ENOSPC) is cut back to the last complete frame and retried later: a segment never
+holds a broken frame except a crash's tail.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import logging
 import os
@@ -23,9 +38,10 @@ import sys
 import threading
 import time
 import zlib
-from dataclasses import dataclass
+from array import array
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Union
 
 import pyarrow as pa
 
@@ -34,11 +50,15 @@ from rllog.records import AlertRecord, MetricsRecord, TableRecord
 
 log = logging.getLogger("rllog.journal")
 
-HEADER = struct.Struct("<2sBxQII")
-MAGIC = b"RJ"
+MAGIC = b"RLJ2"
+_PREFIX = struct.Struct("<4sBBHQI")  # the 20 bytes header_crc covers
+HEADER = struct.Struct("<4sBBHQIII")
 KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT = 1, 2, 3, 4
+KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT)
 SEGMENT_BYTES = 64 * 1024 * 1024
 SUFFIX = ".rlj"
+READ_CHUNK = 4 * 1024 * 1024
+MAX_FRAME = 1 << 31  # a length above this is damage, not data (a table of 2 GiB is refused long before)
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,9 @@ class End:
 
     status: str
     time: float
+
+
+Record = Union[MetricsRecord, TableRecord, AlertRecord]
 
 
 @dataclass
@@ -65,16 +88,29 @@ def journal_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "journal"
 
 
-def _segments(directory: Path) -> list[Path]:
-    return sorted(directory.glob("*" + SUFFIX)) if directory.is_dir() else []
+def _segment_key(path: Path) -> tuple[int, int]:
+    parts = path.name.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) == 3 else 0
+    except ValueError:
+        return (1 << 62, 0)
 
 
-def _frame(kind: int, seq: int, payload: bytes) -> bytes:
-    return HEADER.pack(MAGIC, kind, seq, len(payload), zlib.crc32(payload)) + payload
+def segments(directory: Path) -> list[Path]:
+    """The journal's segment files, in the order they were written."""
+    return sorted(directory.glob("*" + SUFFIX), key=_segment_key) if directory.is_dir() else []
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+def frame(kind: int, seq: int, payload: bytes) -> bytes:
+    prefix = _PREFIX.pack(MAGIC, kind, 0, 0, seq, len(payload))
+    head_crc = zlib.crc32(prefix)
+    return prefix + struct.pack("<II", head_crc, zlib.crc32(payload, head_crc)) + payload
 
 
 def encode_metrics(seq: int, step: int, t: float, values: dict[str, float]) -> bytes:
-    return _frame(KIND_METRICS, seq, json.dumps({"step": step, "time": t, "values": values}, separators=(",", ":")).encode())
+    return frame(KIND_METRICS, seq, json.dumps({"step": step, "time": t, "values": values}, separators=(",", ":")).encode())
 
 
 def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> bytes:
@@ -82,19 +118,19 @@ def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> b
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as stream:
         stream.write_table(table)
-    return _frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
+    return frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
 
 
 def encode_alert(a: AlertRecord) -> bytes:
     fields = {"step": a.step, "time": a.time, "rule": a.rule, "metric": a.metric, "value": a.value, "message": a.message, "level": a.level}
-    return _frame(KIND_ALERT, a.seq, json.dumps(fields).encode())
+    return frame(KIND_ALERT, a.seq, json.dumps(fields).encode())
 
 
 def encode_end(status: str, t: float) -> bytes:
-    return _frame(KIND_END, 0, json.dumps({"status": status, "time": t}).encode())
+    return frame(KIND_END, 0, json.dumps({"status": status, "time": t}).encode())
 
 
-def _decode(kind: int, seq: int, payload: bytes) -> MetricsRecord | TableRecord | AlertRecord | End:
+def _decode(kind: int, seq: int, payload: bytes) -> Record | End:
     if kind == KIND_ALERT:
         return AlertRecord(seq=seq, **json.loads(payload))
     if kind == KIND_METRICS:
@@ -109,8 +145,25 @@ def _decode(kind: int, seq: int, payload: bytes) -> MetricsRecord | TableRecord 
     return End(data["status"], data["time"])
 
 
+def _header_at(buf: bytes | memoryview, pos: int) -> tuple[int, int, int, int] | None:
+    """``(kind, seq, length, crc)`` of a header with a valid checksum at ``pos``, else None."""
+    magic, kind, flags, reserved, seq, length, head_crc, crc = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC or zlib.crc32(buf[pos : pos + _PREFIX.size]) != head_crc:
+        return None
+    if kind not in KINDS or length > MAX_FRAME:
+        return None
+    return kind, seq, length, crc
+
+
+# -- writing -------------------------------------------------------------------------------------
+
 def _materialise_tensors(entries: list[PendingMetrics]) -> None:
-    """Copy every pending tensor to the host in one transfer per device (one sync per flush)."""
+    """Copy every pending tensor to the host in one transfer per device (one sync per flush).
+
+    A group that cannot be copied (a device that failed since the ``log`` call) is retried entry by
+    entry; values no entry can give back become NaN, and the error is logged: the writer never gets
+    stuck on one entry.
+    """
     with_tensors = [e for e in entries if e.tensors is not None]
     if not with_tensors:
         return
@@ -119,7 +172,16 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
     for entry in with_tensors:
         by_device[entry.tensors.device].append(entry)
     for group in by_device.values():
-        flat = torch.cat([e.tensors for e in group]).tolist()
+        try:
+            flat = torch.cat([e.tensors for e in group]).tolist()
+        except Exception:
+            flat = []
+            for entry in group:
+                try:
+                    flat.extend(entry.tensors.tolist())
+                except Exception as exc:
+                    log.error("rllog journal: cannot copy the tensors of step %d to the host (%s); storing NaN for %s", entry.step, exc, list(entry.tensor_keys))
+                    flat.extend([float("nan")] * len(entry.tensor_keys))
         i = 0
         for entry in group:
             for key in entry.tensor_keys:
@@ -128,26 +190,53 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
             entry.tensors = None
 
 
+def _encode(entry: PendingMetrics | TableRecord | AlertRecord) -> bytes:
+    if isinstance(entry, PendingMetrics):
+        return encode_metrics(entry.seq, entry.step, entry.time, entry.values)
+    if isinstance(entry, AlertRecord):
+        return encode_alert(entry)
+    return encode_table(entry.seq, entry.step, entry.time, entry.name, entry.table)
+
+
+@dataclass
+class WriterStats:
+    """What the writer could not do, for ``finish``'s report."""
+
+    unwritten: int = 0  # records still in memory when the writer had to give up (disk full at the deadline)
+    unencodable: list[str] = field(default_factory=list)  # records that could not be encoded (a bug; logged)
+    end_written: bool = False
+
+
 class JournalWriter:
     """Appends records to the journal from one background thread.
 
     Args:
         run_dir: the run directory; segments go to ``run_dir/journal``.
-        flush_interval: every entry is handed to the OS (``os.write``) within this many seconds.
+        write_interval: every entry is handed to the OS (``os.write``) within this many seconds.
         next_seq: the sequence number the first appended record has.
+        on_written: called on the writer thread with each batch's metrics once their host values are
+            filled in (the health rules); it may ``append`` more entries.
+
+    A disk that refuses a write (full, quota) never loses an entry: the part of the write that landed
+    is cut back to the last complete frame, the rest stays in memory and is retried every
+    ``write_interval`` until the disk takes it. ``error`` holds the last such failure (None once
+    writing works again).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, flush_interval: float = 1.0, next_seq: int = 1, on_metrics=None, on_tick=None):
+    def __init__(self, run_dir: str | os.PathLike, write_interval: float = 0.5, next_seq: int = 1, on_written: Callable[[list[PendingMetrics]], None] | None = None):
         self.directory = journal_dir(run_dir)
-        self.flush_interval = flush_interval
+        self.write_interval = write_interval
         self._pending: collections.deque = collections.deque()
+        self._frames: list[tuple[int, bytes]] = []  # encoded, not yet on disk: (seq, frame)
         self._wake = threading.Event()
         self._closed = threading.Event()
+        self._abandon = threading.Event()
         self._end: tuple[str, float] | None = None
-        self.error: BaseException | None = None
+        self.error: OSError | None = None
+        self.stats = WriterStats()
         self.written_seq = next_seq - 1
-        self.on_metrics = on_metrics  # called on the writer thread with each batch's metrics, host values filled in
-        self.on_tick = on_tick  # called on the writer thread at every wake-up (the agent watchdog)
+        self.on_written = on_written
+        self._next_seq = next_seq
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._fd = self._open_segment(next_seq)
@@ -159,7 +248,7 @@ class JournalWriter:
     def _open_segment(self, first_seq: int) -> int:
         path = self.directory / f"{first_seq:012d}{SUFFIX}"
         n = 0
-        while path.exists():  # a resumed run never appends to an older segment
+        while path.exists():  # a writer never appends to a segment it did not create
             n += 1
             path = self.directory / f"{first_seq:012d}.{n}{SUFFIX}"
         self._size = 0
@@ -171,7 +260,8 @@ class JournalWriter:
 
     @property
     def backlog(self) -> int:
-        return len(self._pending)
+        """Entries not yet on disk."""
+        return len(self._pending) + len(self._frames)
 
     @property
     def alive(self) -> bool:
@@ -181,78 +271,144 @@ class JournalWriter:
         """Write what is pending now instead of at the next tick."""
         self._wake.set()
 
-    def close(self, status: str, timeout: float | None = None) -> None:
-        """Write everything pending and the end marker, then stop the thread."""
+    def close(self, status: str, timeout: float | None = None) -> bool:
+        """Write everything pending and the end marker, then stop the thread.
+
+        Returns True when everything and the end marker are on disk. Past ``timeout`` (a disk that
+        stays full) the writer gives up: ``stats.unwritten`` counts what it still held.
+        """
         self._end = (status, time.time())
         self._closed.set()
         self._wake.set()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._abandon.set()
+            self._wake.set()
+            self._thread.join()
+        return self.stats.end_written
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.flush_interval / 2)
+            self._wake.wait(self.write_interval)
             self._wake.clear()
             closing = self._closed.is_set()
             self._write_pending()
-            if self.on_tick is not None and not closing:
-                try:
-                    self.on_tick()
-                except Exception as exc:
-                    log.error("rllog: %s", exc)
-            if closing and not self._pending:
+            if closing and not self._pending and not self._frames:
+                self._write_end()
+            if self._abandon.is_set() or (closing and self.stats.end_written):
                 break
+        self.stats.unwritten = len(self._pending) + len(self._frames)
         try:
-            if self._end is not None and self.error is None:
-                os.write(self._fd, encode_end(*self._end))
             os.close(self._fd)
-        except OSError as exc:
-            self.error = exc
+        except OSError:
+            pass
 
     def _write_pending(self) -> None:
         entries = []
         while self._pending:
             entries.append(self._pending.popleft())
-        if not entries:
-            return
-        try:
+        if entries:
             metrics = [e for e in entries if isinstance(e, PendingMetrics)]
             _materialise_tensors(metrics)
-            chunks = []
             for e in entries:
-                if isinstance(e, PendingMetrics):
-                    chunks.append(encode_metrics(e.seq, e.step, e.time, e.values))
-                elif isinstance(e, AlertRecord):
-                    chunks.append(encode_alert(e))
-                else:
-                    chunks.append(encode_table(e.seq, e.step, e.time, e.name, e.table))
-            self._write(b"".join(chunks), entries[0].seq)
-            self.written_seq = entries[-1].seq
-        except Exception as exc:  # keep the entries for the next tick; never lose them
-            if self.error is None:
-                log.error("rllog journal: cannot write (%s); keeping %d records in memory and retrying", exc, len(entries))
-            self.error = exc
-            self._pending.extendleft(reversed(entries))
-            if not self._closed.is_set():
-                time.sleep(self.flush_interval)
-            else:
-                raise
-        else:
-            self.error = None
-            if self.on_metrics is not None and metrics:
                 try:
-                    self.on_metrics(metrics)
+                    self._frames.append((e.seq, _encode(e)))
+                except Exception as exc:  # validation at the call should make this impossible
+                    self.stats.unencodable.append(f"seq {e.seq}: {type(exc).__name__}: {exc}")
+                    log.error("rllog journal: cannot encode record seq %d (%s); it is reported as lost", e.seq, exc)
+            if self.on_written is not None and metrics:
+                try:
+                    self.on_written(metrics)
                 except Exception as exc:  # a health rule must never stop the journal
                     log.error("rllog: health check failed: %s", exc)
+        if self._frames:
+            self._flush_frames()
 
-    def _write(self, data: bytes, first_seq: int) -> None:
-        if self._size and self._size + len(data) > SEGMENT_BYTES:
+    def _flush_frames(self) -> None:
+        """Write the encoded frames; on a refused write keep what did not land whole."""
+        if self._size and self._size + sum(len(f) for _, f in self._frames) > SEGMENT_BYTES:
+            try:
+                fd = self._open_segment(self._frames[0][0])
+            except OSError as exc:
+                return self._failed(exc)
             os.close(self._fd)
-            self._fd = self._open_segment(first_seq)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        self._size += len(data)
+            self._fd = fd
+        data = memoryview(b"".join(f for _, f in self._frames))
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as exc:
+            self._keep_whole_frames(written)
+            return self._failed(exc)
+        self._size += written
+        self.written_seq = self._frames[-1][0]
+        self._frames = []
+        if self.error is not None:
+            log.warning("rllog journal: writing again (%s cleared)", self.error.strerror or self.error)
+            self.error = None
+
+    def _keep_whole_frames(self, written: int) -> None:
+        """After a write that landed ``written`` bytes: drop the frames that landed whole, cut the
+        segment back to the end of the last of them (the rest is written again later)."""
+        done, landed = 0, 0
+        for _, f in self._frames:
+            if landed + len(f) > written:
+                break
+            landed += len(f)
+            done += 1
+        if landed < written:
+            os.ftruncate(self._fd, self._size + landed)  # frees space: never fails for want of it
+        self._size += landed
+        if done:
+            self.written_seq = self._frames[done - 1][0]
+        del self._frames[:done]
+
+    def _failed(self, exc: OSError) -> None:
+        if self.error is None or self.error.errno != exc.errno:
+            what = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
+            log.error("rllog journal: cannot write (%s); %d records kept in memory and retried every %.2fs (nothing is dropped)", what, self.backlog, self.write_interval)
+        self.error = exc
+        if not self._abandon.is_set():
+            time.sleep(self.write_interval)  # the wait of the loop is cut short by wake(): back off here
+
+    def _write_end(self) -> None:
+        assert self._end is not None
+        data = encode_end(*self._end)
+        try:
+            n = os.write(self._fd, data)
+        except OSError as exc:
+            return self._failed(exc)
+        if n < len(data):
+            os.ftruncate(self._fd, self._size)
+            return self._failed(OSError(errno.ENOSPC, "short write of the end marker"))
+        self._size += n
+        self.stats.end_written = True
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+@dataclass
+class Damage:
+    """What a reader skipped: bytes of damaged frames, and the torn tails of killed writers."""
+
+    damaged_bytes: int = 0
+    damaged_frames: int = 0  # frames whose header held but whose payload did not match its checksum
+    torn_bytes: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.damaged_bytes or self.torn_bytes)
+
+    def describe(self) -> str:
+        parts = []
+        if self.damaged_bytes:
+            parts.append(f"{self.damaged_bytes} damaged bytes skipped ({self.damaged_frames} frames failed their checksum)")
+        if self.torn_bytes:
+            parts.append(f"{self.torn_bytes} bytes of torn tails (a writer killed mid-write)")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"damaged_bytes": self.damaged_bytes, "damaged_frames": self.damaged_frames, "torn_bytes": self.torn_bytes}
 
 
 class JournalReader:
@@ -261,6 +417,9 @@ class JournalReader:
     Args:
         run_dir: the run directory.
         after_seq: records with ``seq <= after_seq`` are skipped (a sink's cursor).
+        decode: False returns ``(kind, seq)`` pairs instead of records (counting without decoding).
+
+    ``damage`` counts what was skipped; each skip is also logged as a warning.
 
     Example:
         >>> reader = JournalReader(run_dir, after_seq=cursor)
@@ -268,102 +427,161 @@ class JournalReader:
         >>> batch = reader.read(1000, final=True)          # the writer is gone: skip a torn tail
     """
 
-    def __init__(self, run_dir: str | os.PathLike, after_seq: int = 0):
+    def __init__(self, run_dir: str | os.PathLike, after_seq: int = 0, decode: bool = True):
         self.directory = journal_dir(run_dir)
         self.after_seq = after_seq
+        self.decode = decode
         self.end: End | None = None
+        self.damage = Damage()
         self._path: Path | None = None
-        self._file = None
+        self._fd: int | None = None
         self._offset = 0
-        self._done_paths: set[Path] = set()
+        self._done: set[Path] = set()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
-    def _next_segment(self) -> Path | None:
-        segments = [p for p in _segments(self.directory) if p not in self._done_paths]
-        if not segments:
-            return None
-        if self._path is None:  # first open: start at the segment holding after_seq + 1
-            starts = [(int(p.name.split(".")[0]), p) for p in segments]
-            candidates = [p for first, p in starts if first <= self.after_seq + 1]
-            chosen = candidates[-1] if candidates else segments[0]
-            self._done_paths.update(p for p in segments if p < chosen)
-            return chosen
-        return segments[0]
-
-    def _switch(self, path: Path) -> None:
+    def _open_next(self) -> bool:
+        todo = [p for p in segments(self.directory) if p not in self._done and p != self._path]
+        if self._path is None and todo:  # first open: start at the segment holding after_seq + 1
+            starts = [p for p in todo if _segment_key(p)[0] <= self.after_seq + 1]
+            if starts:
+                first = max(starts, key=_segment_key)
+                self._done.update(p for p in todo if _segment_key(p) < _segment_key(first))
+                todo = [p for p in todo if p not in self._done]
+        if not todo:
+            return False
         self.close()
         if self._path is not None:
-            self._done_paths.add(self._path)
-        self._path, self._offset = path, 0
-        self._file = open(path, "rb")
+            self._done.add(self._path)
+        self._path, self._offset = todo[0], 0
+        self._fd = os.open(todo[0], os.O_RDONLY)
+        return True
 
-    def read(self, max_records: int = 1000, final: bool = False) -> list[MetricsRecord | TableRecord | End]:
+    def _later_segment_exists(self) -> bool:
+        return any(p not in self._done and p != self._path and _segment_key(p) > _segment_key(self._path) for p in segments(self.directory))
+
+    def read(self, max_records: int = 1000, final: bool = False) -> list:
         """Return up to ``max_records`` complete records after the cursor (an ``End`` marker included).
 
-        ``final=True`` means no writer will append any more: an incomplete frame at the tail is skipped
-        with a warning instead of waited for.
+        ``final=True`` means no writer will append any more: an incomplete frame at the tail, or
+        damage with no valid frame after it, is skipped (and counted) instead of waited for.
         """
         out: list = []
-        if self._file is None:
-            first = self._next_segment()
-            if first is None:
-                return out
-            self._switch(first)
+        if self._fd is None and not self._open_next():
+            return out
         while len(out) < max_records:
-            item = self._read_frame()
-            if item is not None:
-                if isinstance(item, End):
-                    self.end = item
-                    out.append(item)
-                elif item.seq > self.after_seq:
-                    self.after_seq = item.seq
-                    out.append(item)
+            stop = self._read_segment(out, max_records)
+            if stop == "more":
                 continue
-            # nothing complete at this offset: the segment is finished, torn, or still being written
-            later = [p for p in _segments(self.directory) if p not in self._done_paths and p != self._path]
-            size = os.fstat(self._file.fileno()).st_size
+            # the end of what this segment holds now: finished, torn, damaged, or still being written
+            size = os.fstat(self._fd).st_size
+            later = self._later_segment_exists()
             if size > self._offset and (later or final):
-                log.warning("rllog journal: skipping %d torn bytes at the end of %s", size - self._offset, self._path)
-                self._offset = size
-            if later and os.fstat(self._file.fileno()).st_size <= self._offset:
-                self._switch(later[0])
+                self._skip_rest(size, stop)
+            if later and size <= self._offset and self._open_next():
                 continue
             break
         return out
 
-    def _read_frame(self):
-        f = self._file
-        f.seek(self._offset)
-        head = f.read(HEADER.size)
-        if len(head) < HEADER.size:
-            return None
-        magic, kind, seq, length, crc = HEADER.unpack(head)
-        if magic != MAGIC or kind not in (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT):
-            return None
-        if kind != KIND_END and seq <= self.after_seq:  # skip without reading the payload
-            if os.fstat(f.fileno()).st_size < self._offset + HEADER.size + length:
-                return None
-            self._offset += HEADER.size + length
-            return _SKIPPED
-        payload = f.read(length)
-        if len(payload) < length or zlib.crc32(payload) != crc:
-            return None
-        self._offset += HEADER.size + length
-        return _decode(kind, seq, payload)
+    def _skip_rest(self, size: int, why: str) -> None:
+        n = size - self._offset
+        if why == "damaged":
+            self.damage.damaged_bytes += n
+            log.warning("rllog journal: %s: skipping %d damaged bytes at offset %d (no valid frame after them)", self._path, n, self._offset)
+        else:
+            self.damage.torn_bytes += n
+            log.warning("rllog journal: %s: skipping a torn tail of %d bytes (a writer killed mid-write)", self._path, n)
+        self._offset = size
+
+    def _read_segment(self, out: list, max_records: int) -> str:
+        """Parse frames from the current offset into ``out``. Returns why it stopped: ``"more"`` (room
+        left in ``out`` was filled; call again), ``"incomplete"`` or ``"damaged"`` (at the end of the data)."""
+        assert self._fd is not None
+        want = READ_CHUNK
+        while True:
+            buf = os.pread(self._fd, want, self._offset)
+            pos, why = self._parse(buf, out, max_records)
+            self._offset += pos
+            if len(buf) == want and why in ("need", "damaged"):  # the file holds more than this chunk
+                if why == "damaged":  # no valid header in this chunk: skip what was searched, go on
+                    skipped = len(buf) - pos - HEADER.size + 1
+                    self.damage.damaged_bytes += skipped
+                    self._offset += skipped
+                elif pos == 0:  # one frame bigger than the chunk: read it whole
+                    want = max(want * 2, self._need)
+                continue
+            if why == "full":
+                return "more" if len(out) < max_records else "done"
+            if why == "need":
+                return "incomplete"
+            return why
+
+    _need = 0
+
+    def _parse(self, buf: bytes, out: list, max_records: int) -> tuple[int, str]:
+        pos, n = 0, len(buf)
+        while pos + HEADER.size <= n:
+            if len(out) >= max_records:
+                return pos, "full"
+            head = _header_at(buf, pos)
+            if head is None:
+                nxt = self._resync(buf, pos + 1)
+                if nxt is None:
+                    return pos, "damaged"
+                self.damage.damaged_bytes += nxt - pos
+                log.warning("rllog journal: %s: damaged bytes at offset %d; resynchronised %d bytes later", self._path, self._offset + pos, nxt - pos)
+                pos = nxt
+                continue
+            kind, seq, length, crc = head
+            end = pos + HEADER.size + length
+            if end > n:
+                self._need = HEADER.size + length
+                return pos, "need"
+            if kind != KIND_END and seq <= self.after_seq:  # delivered already: skip unverified
+                pos = end
+                continue
+            payload = buf[pos + HEADER.size : end]
+            if zlib.crc32(payload, zlib.crc32(buf[pos : pos + _PREFIX.size])) != crc:
+                self._count_bad_frame(pos, end - pos, "failed its checksum")
+                pos = end
+                continue
+            if self.decode:
+                try:
+                    item = _decode(kind, seq, payload)
+                except Exception as exc:
+                    self._count_bad_frame(pos, end - pos, f"could not be decoded ({exc})")
+                    pos = end
+                    continue
+            else:
+                item = (kind, seq)
+            pos = end
+            if kind == KIND_END:
+                self.end = item if self.decode else End("", 0.0)
+            else:
+                self.after_seq = seq
+            out.append(item)
+        return pos, "need"
+
+    def _count_bad_frame(self, pos: int, size: int, why: str) -> None:
+        self.damage.damaged_bytes += size
+        self.damage.damaged_frames += 1
+        log.warning("rllog journal: %s: the frame at offset %d %s; skipped", self._path, self._offset + pos, why)
+
+    @staticmethod
+    def _resync(buf: bytes, start: int) -> int | None:
+        """The next position at or after ``start`` where a header with a valid checksum starts."""
+        pos = buf.find(MAGIC, start)
+        while pos != -1 and pos + HEADER.size <= len(buf):
+            if _header_at(buf, pos) is not None:
+                return pos
+            pos = buf.find(MAGIC, pos + 1)
+        return None
 
 
-class _Skipped:
-    seq = -1
-
-
-_SKIPPED = _Skipped()
-
-
-def read_all(run_dir: str | os.PathLike, after_seq: int = 0) -> Iterator[MetricsRecord | TableRecord | End]:
+def read_all(run_dir: str | os.PathLike, after_seq: int = 0) -> Iterator[Record | End]:
     """Every complete record of a journal that is no longer being written (torn tails skipped)."""
     reader = JournalReader(run_dir, after_seq)
     try:
@@ -373,19 +591,46 @@ def read_all(run_dir: str | os.PathLike, after_seq: int = 0) -> Iterator[Metrics
         reader.close()
 
 
+@dataclass
+class JournalScan:
+    """Every readable record's seq, the end marker, and what was skipped."""
+
+    seqs: array = field(default_factory=lambda: array("q"))
+    end_seen: bool = False
+    damage: Damage = field(default_factory=Damage)
+
+    @property
+    def records(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def last_seq(self) -> int:
+        return max(self.seqs) if self.seqs else 0
+
+    def count_upto(self, seq: int) -> int:
+        """How many readable records have ``seq`` at or below ``seq`` (seqs are increasing)."""
+        import bisect
+
+        return bisect.bisect_right(self.seqs, seq)
+
+
+def scan(run_dir: str | os.PathLike, final: bool = True) -> JournalScan:
+    """Verify every frame's checksum and list the readable records' seqs (payloads are not decoded)."""
+    result = JournalScan()
+    reader = JournalReader(run_dir, decode=False)
+    try:
+        while batch := reader.read(100_000, final=final):
+            for kind, seq in batch:
+                if kind == KIND_END:
+                    result.end_seen = True
+                else:
+                    result.seqs.append(seq)
+    finally:
+        reader.close()
+    result.damage = reader.damage
+    return result
+
+
 def last_seq(run_dir: str | os.PathLike) -> int:
-    """The highest sequence number of a complete frame in the journal (0 when empty); reads headers only."""
-    highest = 0
-    for path in _segments(journal_dir(run_dir)):
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            offset = 0
-            while offset + HEADER.size <= size:
-                f.seek(offset)
-                magic, kind, seq, length, _ = HEADER.unpack(f.read(HEADER.size))
-                if magic != MAGIC or offset + HEADER.size + length > size:
-                    break
-                if kind != KIND_END:
-                    highest = max(highest, seq)
-                offset += HEADER.size + length
-    return highest
+    """The highest sequence number of a readable record in the journal (0 when empty)."""
+    return scan(run_dir).last_seq

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from rllog.summary import RunSummary, summarise
+
 LEVEL_COLOUR = {"error": "#d62728", "warning": "#ff7f0e"}
 
 
@@ -23,24 +25,20 @@ def _alert_dict(a: Any) -> dict:
     return {k: getattr(a, k, None) for k in ("step", "rule", "metric", "value", "message", "level")}
 
 
-def load_alerts(run_dir: str | os.PathLike, summary: Any = None) -> list[dict]:
-    """The run's alerts: from ``RUN_DIR/parquet/alerts/*.parquet`` when the parquet backend wrote them,
-    otherwise from the journal (``summary.alerts``)."""
-    directory = Path(run_dir) / "parquet" / "alerts"
-    if directory.is_dir() and any(directory.glob("*.parquet")):
-        from rllog_backends.parquet import read_parts
+def load_alerts(run_dir: str | os.PathLike, summary: RunSummary | None = None) -> list[dict]:
+    """The run's alerts, from its journal: the one record every run has, whichever backends it delivers to.
 
-        table = read_parts(directory, "seq") if any(directory.glob("part-*.parquet")) else None
-        if table is None:
-            import pyarrow.parquet as pq
-
-            table = pq.read_table(directory)
-        return table.to_pylist()
-    return [_alert_dict(a) for a in getattr(summary, "alerts", None) or []]
+    Args:
+        run_dir: the run directory.
+        summary: the run's :class:`rllog.summary.RunSummary` when the caller already has it (saves reading the journal twice).
+    """
+    if summary is None:
+        summary = summarise(run_dir)
+    return [_alert_dict(a) for a in summary.alerts]
 
 
 def _rule_thresholds(key: str) -> list[tuple[str, float]]:
-    from rllog.catalog import default_rules
+    from rllog.health import default_rules
 
     return [(r.name, float(r.params["threshold"])) for r in default_rules() if "threshold" in r.params and r.watches(key)]
 
@@ -66,7 +64,6 @@ def plot_run(
     import matplotlib.pyplot as plt
 
     from rllog.catalog import crucial_keys, format_range, lookup
-    from rllog.summary import summarise
 
     s = summarise(run_dir)
     marks = [_alert_dict(a) for a in alerts] if alerts is not None else load_alerts(run_dir, s)

@@ -77,7 +77,7 @@ class RunInfo:
 
 @dataclass(frozen=True)
 class AlertRecord:
-    """A health alert raised by a rule of :mod:`rllog.catalog` (e.g. entropy collapse) at one step.
+    """A health alert raised by a rule of :mod:`rllog.health` (e.g. entropy collapse) at one step.
 
     Delivered to sinks whose ``capabilities.alerts`` is True, through their ``write_alert(record)``.
     """

@@ -1,16 +1,17 @@
-"""The user-facing ``Run``: ``log``, ``log_table``, ``finish``.
+"""The user-facing run: ``log``, ``log_table``, ``finish``.
 
 The hot path (``log``/``log_table``) validates, stamps a sequence number, a step and the time, and
 hands the record to the journal writer: no tracker call, no disk wait. Everything after that (tracker
-imports, ``init`` calls, writes, retries) happens in the delivery agent process, or in follower threads
-with ``delivery="thread"``.
+imports, ``init`` calls, writes, retries) happens in the delivery agent process
+(:class:`rllog.agent.AgentProcess`), or in follower threads with ``delivery="thread"``. The run
+directory's files and the report are :mod:`rllog.rundir`'s.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -18,107 +19,59 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from rllog import distributed
-from rllog import journal as journal_mod
-from rllog.delivery import CLOSED, Follower, RetryPolicy
-from rllog.errors import InvalidStep, RunDirError, RunFinished
+from rllog.delivery import Follower, RetryPolicy
+from rllog.errors import ForkedChild, InvalidArgument, InvalidStep, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
 from rllog.records import STATUSES, AlertRecord, RunInfo, TableRecord
 from rllog.registry import parse_report_to
+from rllog.rundir import FinishReport, RunFile, SinkReport, SinkSpec, claim, default_run_dir, load_run_info, report
 from rllog.values import flatten_config, normalise_metrics, stack_scalars, to_arrow_table
+
+__all__ = ["Run", "NullRun", "FinishReport", "SinkReport", "load_run_info", "report"]
 
 log = logging.getLogger("rllog")
 
-RUN_FILE = "run.json"  # RunInfo + the sinks the agent must serve
-
-
-@dataclass(frozen=True)
-class SinkReport:
-    """How far one sink got: ``state`` is ``delivered``, ``pending`` or ``failed``."""
-
-    name: str
-    state: str
-    delivered: int
-    pending: int
-    error: str | None = None
-
-
-class FinishReport(dict):
-    """``Run.finish``'s result: sink name -> :class:`SinkReport`; ``ok`` when every sink has everything."""
-
-    @property
-    def ok(self) -> bool:
-        return all(r.state == "delivered" for r in self.values())
-
-    def __str__(self) -> str:
-        lines = [f"{r.name}: {r.state} ({r.delivered} delivered, {r.pending} pending)" + (f": {r.error}" if r.error else "") for r in self.values()]
-        return "\n".join(lines) or "no sinks"
+INT64_MAX = 2**63 - 1
 
 
 def _check_step(step: Any) -> int:
-    if type(step) is int and step >= 0:
+    if type(step) is int and 0 <= step <= INT64_MAX:
         return step
     if isinstance(step, bool) or not hasattr(step, "__index__"):
         raise InvalidStep(f"step must be a non-negative int, got {type(step).__name__}: {step!r}")
     step = step.__index__()  # numpy integers
-    if step < 0:
-        raise InvalidStep(f"step must be a non-negative int, got {step}")
+    if step < 0 or step > INT64_MAX:
+        raise InvalidStep(f"step must be an int in [0, 2**63 - 1] (every tracker stores steps as int64), got {step}")
     return step
-
-
-def default_run_dir(name: str, run_id: str) -> Path:
-    base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
-    return base / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{run_id}"
-
-
-def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None) -> FinishReport:
-    """Delivery state of every sink of ``run_dir``, read from the journal and the cursor files."""
-    run_dir = Path(run_dir)
-    total = journal_mod.last_seq(run_dir)
-    if sink_names is None:
-        sink_names = sorted(p.stem for p in (run_dir / "delivery").glob("*.json"))
-    result = FinishReport()
-    for name in sink_names:
-        try:
-            saved = json.loads((run_dir / "delivery" / f"{name}.json").read_text())
-        except (FileNotFoundError, ValueError):
-            saved = {"seq": 0, "state": "waiting", "error": None}
-        delivered = saved.get("seq", 0) + len(saved.get("ahead", ()))  # ahead: delivered past a batch that failed midway
-        pending = max(0, total - delivered)
-        if saved.get("state") in ("failed", "gave_up"):
-            state = "failed"
-        elif pending == 0 and saved.get("state") == CLOSED:
-            state = "delivered"
-        else:
-            state = "pending"
-        error = saved.get("error") or (None if state != "pending" else "not delivered before the deadline; run `rllog replay`")
-        result[name] = SinkReport(name, state, delivered, pending, error)
-    return result
 
 
 def _to_host(tensors: dict[str, Any]) -> dict[str, float]:
     """One-element tensors -> floats with one device-to-host copy."""
     if not tensors:
         return {}
-    return dict(zip(tensors, stack_scalars(list(tensors.values())).tolist()))
+    return dict(zip(tensors, stack_scalars(list(tensors.values())).tolist(), strict=True))
 
 
-class _Prepare:
-    """Validation shared by every rank's run object, and the collectives of a multi-process run."""
+class RunBase:
+    """What every rank's run object shares: validation, the collectives of a multi-process run, and the lifecycle."""
 
     _distributed = False
     _takes_tables = True
+    run_dir: Path | None = None
+    sink_names: list[str]
 
-    def _set_reduction(self, reduce_across_ranks: bool | None) -> None:
+    def __init__(self, reduce_across_ranks: bool | None) -> None:
         # None: reduce when torch.distributed is up. False: only this process logs (a trainer that
         # already reduced its metrics, like the HF/TRL integration, logs from the main process alone).
         self._distributed = distributed.is_distributed() if reduce_across_ranks is None else reduce_across_ranks
         if self._distributed:
             distributed.reset()  # every rank creates its run object: a new run forgets the old run's keys
+        self._step = -1
+        self._finished: FinishReport | None = None
 
     def _prepare_metrics(self, values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
         floats, tensors = normalise_metrics(values)
@@ -127,15 +80,33 @@ class _Prepare:
             tensors = {}
         return floats, tensors
 
-    def _prepare_table(self, name: str, table: Any):
+    def _prepare_table(self, name: str, table: Any) -> Any:
         arrow = to_arrow_table(name, table)
         if self._distributed and self._takes_tables:
             rows = distributed.gather_rows(arrow.to_pylist())
             arrow = to_arrow_table(name, rows) if rows is not None else None
         return arrow
 
+    @property
+    def step(self) -> int:
+        """The step of the last logged metrics (-1 before the first)."""
+        return self._step
 
-class NullRun(_Prepare):
+    @property
+    def finished(self) -> bool:
+        return self._finished is not None
+
+    def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
+        raise NotImplementedError
+
+    def __enter__(self) -> "RunBase":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.finish("failed" if exc_type is not None else "finished")
+
+
+class NullRun(RunBase):
     """What ranks other than global rank 0 get from :func:`rllog.init`: same calls, no trackers, no files.
 
     It validates like a real run and takes part in the cross-rank reduction, so user code never
@@ -143,12 +114,10 @@ class NullRun(_Prepare):
     """
 
     def __init__(self, report_to: Any = None, reduce_across_ranks: bool | None = None, **kwargs: Any):
-        self._set_reduction(reduce_across_ranks)
+        super().__init__(reduce_across_ranks)
         self._takes_tables = _takes_tables(parse_report_to(report_to))
         self.run_dir = None
-        self.sink_names: list[str] = []
-        self._step = -1
-        self._finished: FinishReport | None = None
+        self.sink_names = []
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
         if self._finished is not None:
@@ -161,23 +130,9 @@ class NullRun(_Prepare):
             raise RunFinished("this run has finished")
         self._prepare_table(name, table)
 
-    @property
-    def step(self) -> int:
-        return self._step
-
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
         self._finished = self._finished or FinishReport()
         return self._finished
-
-    @property
-    def finished(self) -> bool:
-        return self._finished is not None
-
-    def __enter__(self) -> "NullRun":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.finish()
 
 
 def _takes_tables(selected: list) -> bool:
@@ -191,8 +146,23 @@ def _takes_tables(selected: list) -> bool:
     return False
 
 
-class Run(_Prepare):
+def _check_options(flush_interval: Any, max_pending: Any, delivery: Any) -> float:
+    if delivery not in ("process", "thread"):
+        raise InvalidArgument(f"delivery must be 'process' or 'thread', got {delivery!r}")
+    if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) or not math.isfinite(flush_interval) \
+            or not 0 < flush_interval <= 3600:
+        raise InvalidArgument(f"flush_interval must be a number of seconds in (0, 3600], got {flush_interval!r}")
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+        raise InvalidArgument(f"max_pending must be a positive int, got {max_pending!r}")
+    return float(flush_interval)
+
+
+class Run(RunBase):
     """One training run. Create it with :func:`rllog.init`.
+
+    Args:
+        flush_interval: seconds. Every record reaches the journal (the OS) within half of it, and every
+            sink is flushed (its cursor moved) at least this often while records flow.
 
     Example:
         >>> with rllog.init(report_to="parquet", project="grpo") as run:
@@ -217,23 +187,13 @@ class Run(_Prepare):
         max_pending: int = 100_000,
         reduce_across_ranks: bool | None = None,
     ):
-        if delivery not in ("process", "thread"):
-            raise ValueError(f"delivery must be 'process' or 'thread', got {delivery!r}")
+        self.flush_interval = _check_options(flush_interval, max_pending, delivery)
         selected = parse_report_to(report_to)
-        self._set_reduction(reduce_across_ranks)
+        super().__init__(reduce_across_ranks)
         self._takes_tables = _takes_tables(selected) if self._distributed else True
         run_id = secrets.token_hex(8)
-        name = name or f"run-{run_id}"
-        run_dir = Path(run_dir) if run_dir is not None else default_run_dir(name, run_id)
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            if any(journal_mod.journal_dir(run_dir).glob("*" + journal_mod.SUFFIX)):
-                raise RunDirError(f"{run_dir} already holds a run; use a new run_dir (or `rllog replay` to deliver it again)")
-        except OSError as exc:
-            raise RunDirError(f"cannot create the run directory {run_dir}: {exc}") from exc
-        self.run_dir = run_dir.resolve()
-        self.info = RunInfo(project, name, str(self.run_dir), run_id, flatten_config(config), tuple(tags))
-        self.flush_interval = flush_interval
+        self.run_dir = claim(Path(run_dir) if run_dir is not None else default_run_dir(name, run_id))
+        self.info = RunInfo(project, name or f"run-{run_id}", str(self.run_dir), run_id, flatten_config(config), tuple(tags))
         self.delivery = delivery
         self.retry = retry or RetryPolicy()
         from rllog.registry import resolve
@@ -243,27 +203,27 @@ class Run(_Prepare):
         self._named = [s for s in selected if isinstance(s, str)]
         self._objects = [s for s in selected if not isinstance(s, str)]
         self.sink_names = list(self._named) + self._object_names(self._objects)
-        self._write_run_file(options)
+        self._run_file(options).write(self.run_dir)
         self.max_pending = max_pending
         self._backpressure_warned = False
         self._monitor = _health_monitor(health)
-        self._writer = JournalWriter(self.run_dir, flush_interval, on_metrics=self._check_health if self._monitor else None, on_tick=self._watch_agent)
+        self._writer = JournalWriter(self.run_dir, self.flush_interval / 2, on_written=self._check_health if self._monitor else None)
         self._lock = threading.Lock()
         self._seq = 0
-        self._step = -1
-        self._finished: FinishReport | None = None
+        self._finishing: threading.Event | None = None
+        self._forked = False
+        self._pid = os.getpid()
         # Where an omitted step comes from when a trainer owns the step (set by the HF/TRL integration).
         self.step_source: Callable[[], int] | None = None
         self._agent = None
-        self.agent_restarts = 0
         self._followers: list[Follower] = []
         if self._named and delivery == "process":
-            from rllog.agent import start_agent
+            from rllog.agent import AgentProcess
 
-            self._agent = start_agent(self.run_dir)
+            self._agent = AgentProcess(self.run_dir, {n: options.get(n, {}) for n in self._named}, sink_names=self._named).start()
         else:
             self._followers += [self._follower(n, _factory(n, options.get(n))) for n in self._named]
-        self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named):], self._objects)]
+        self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named):], self._objects, strict=True)]
         for follower in self._followers:
             follower.start()
         _live_runs.add(self)
@@ -279,8 +239,9 @@ class Run(_Prepare):
 
         Raises:
             InvalidValue: a value that is not one real number (names the key and the type).
-            InvalidStep: a step that is not a non-negative int.
+            InvalidStep: a step that is not an int in [0, 2**63 - 1].
             RunFinished: the run has finished.
+            ForkedChild: called in a process forked from the one that started the run.
         """
         floats, tensors = self._prepare_metrics(values)
         stacked = stack_scalars(list(tensors.values())) if tensors else None
@@ -293,8 +254,7 @@ class Run(_Prepare):
             if step is None:
                 step = self.step_source() if self.step_source is not None else self._step + 1
             self._step = step
-            entry = PendingMetrics(self._seq, self._step, now, floats, tuple(tensors), stacked)
-            self._writer.append(entry)
+            self._writer.append(PendingMetrics(self._seq, step, now, floats, tuple(tensors), stacked))
         if self._writer.backlog > self.max_pending:
             self._wait_for_journal()
 
@@ -305,7 +265,8 @@ class Run(_Prepare):
         pandas DataFrame.
 
         Raises:
-            InvalidTable: ragged columns (names each column's length) or unsupported input.
+            InvalidTable: ragged columns (names each column's length), a column type no tracker can
+                store, or a column whose type changed since an earlier call with this name.
         """
         arrow = self._prepare_table(name, table)
         if step is not None:
@@ -321,11 +282,6 @@ class Run(_Prepare):
             self._wait_for_journal()
 
     @property
-    def step(self) -> int:
-        """The step of the last logged metrics (-1 before the first)."""
-        return self._step
-
-    @property
     def run_id(self) -> str:
         """The run's stable id (trackers use it to resume the same run on replay)."""
         return self.info.run_id
@@ -335,39 +291,53 @@ class Run(_Prepare):
         """Write the end marker, wait up to ``timeout`` s for every sink, and report per sink.
 
         A sink still busy at the deadline is stopped (the agent process is killed); what it has not
-        acknowledged stays in the journal for ``rllog replay``. Calling ``finish`` again returns the
-        same report.
+        acknowledged stays in the journal for ``rllog replay``. Calling ``finish`` again, from any
+        thread, returns the same report (a second caller waits for the first).
         """
         if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+            raise InvalidArgument(f"status must be one of {STATUSES}, got {status!r}")
+        if self._forked:
+            raise ForkedChild("finish() called in a forked child process; finish the run in the process that started it")
         with self._lock:
-            if self._finished is not None:
-                return self._finished
-            self._finished = FinishReport()  # from here on log() raises RunFinished
-        deadline = time.monotonic() + timeout
-        self._writer.close(status, timeout=max(0.0, deadline - time.monotonic()))
-        if self._agent is not None:
-            from rllog.agent import stop_agent
-
-            stop_agent(self._agent, deadline)
-        for follower in self._followers:
-            if not follower.join(max(0.0, deadline - time.monotonic())):
-                follower.stop()
-        self._finished = report(self.run_dir, self.sink_names)
-        _live_runs.discard(self)
+            first = self._finishing is None
+            if first:
+                self._finishing = threading.Event()  # from here on log() raises RunFinished
+            finishing = self._finishing
+        if not first:
+            finishing.wait()
+            assert self._finished is not None
+            return self._finished
+        try:
+            self._finished = self._finish(status, time.monotonic() + timeout)
+        finally:
+            if self._finished is None:
+                self._finished = FinishReport(notes=["finish() was interrupted"])
+            _live_runs.discard(self)
+            finishing.set()
         if not self._finished.ok:
             log.warning("rllog: run %s finished with undelivered records:\n%s", self.run_dir, self._finished)
         return self._finished
 
-    @property
-    def finished(self) -> bool:
-        return self._finished is not None
-
-    def __enter__(self) -> "Run":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.finish("failed" if exc_type is not None else "finished")
+    def _finish(self, status: str, deadline: float) -> FinishReport:
+        self._writer.close(status, timeout=max(0.0, deadline - time.monotonic()))
+        notes, cause = [], None
+        stats = self._writer.stats
+        if stats.unwritten or stats.unencodable:
+            lost = stats.unwritten + len(stats.unencodable)
+            why = f"the journal could not be written ({self._writer.error})" if stats.unwritten else "they could not be encoded"
+            cause = f"{lost} records never reached the journal: {why}; they are lost"
+            notes.append(f"journal: {cause}")
+        if self._agent is not None:
+            self._agent.wait_while_alive(deadline)
+            if not self._agent.stop(deadline):
+                notes.append("the delivery agent was stopped at the finish deadline")
+            cause = cause or self._agent.cause
+            if self._agent.restarts:
+                notes.append(f"the delivery agent was restarted {self._agent.restarts} times")
+        for follower in self._followers:
+            if not follower.join(max(0.0, deadline - time.monotonic())):
+                follower.stop()
+        return report(self.run_dir, self.sink_names, unwritten=stats.unwritten + len(stats.unencodable), notes=notes, cause=cause)
 
     # -- internals -------------------------------------------------------------------------------
     def _check_health(self, entries: list[PendingMetrics]) -> None:
@@ -381,7 +351,7 @@ class Run(_Prepare):
                 log.log(logging.ERROR if draft.level == "error" else logging.WARNING, "rllog alert [%s] step %d: %s", draft.rule, draft.step, draft.message)
 
     def _wait_for_journal(self) -> None:
-        """Backpressure: the writer is ``max_pending`` records behind (a stalled disk); wait rather than drop."""
+        """Backpressure: the writer is ``max_pending`` records behind (a stalled or full disk); wait rather than drop."""
         if not self._backpressure_warned:
             self._backpressure_warned = True
             log.warning("rllog: the journal writer is %d records behind; log() waits for it (nothing is dropped)", self._writer.backlog)
@@ -389,28 +359,11 @@ class Run(_Prepare):
         while self._writer.backlog > self.max_pending // 2 and self._writer.alive:
             time.sleep(0.001)
 
-    MAX_AGENT_RESTARTS = 5
-
-    def _watch_agent(self) -> None:
-        """On the journal writer thread: restart a delivery agent that died before ``finish``.
-
-        Cursors are persisted and its locks die with it, so the new agent resumes where the old one
-        stopped. After ``MAX_AGENT_RESTARTS`` the records stay in the journal and ``finish`` reports them.
-        """
-        from rllog.agent import EXIT_SINKS_FAILED, start_agent
-
-        agent = self._agent
-        if agent is None or agent.poll() is None or self._finished is not None:
-            return
-        if agent.returncode == EXIT_SINKS_FAILED or self.agent_restarts >= self.MAX_AGENT_RESTARTS:
-            return  # its sinks failed (reported by finish), or it keeps dying
-
-        self.agent_restarts += 1
-        log.warning("rllog: the delivery agent exited with code %s; restarting it (%d/%d)", agent.returncode, self.agent_restarts, self.MAX_AGENT_RESTARTS)
-        self._agent = start_agent(self.run_dir)
-
     def _check_open(self) -> None:
-        if self._finished is not None:
+        if self._forked:
+            raise ForkedChild(f"run {self.info.name!r} was started in process {self._pid}; this is a forked child ({os.getpid()}): "
+                              "log from the parent process (return the values to it)")
+        if self._finishing is not None:
             raise RunFinished(f"run {self.info.name!r} has finished; start a new one with rllog.init()")
 
     @staticmethod
@@ -425,55 +378,64 @@ class Run(_Prepare):
             names.append(name)
         return names
 
-    def _follower(self, name: str, sink) -> Follower:
+    def _follower(self, name: str, sink: Any) -> Follower:
         return Follower(name, sink, self.info, follow=True, flush_interval=self.flush_interval, retry=self.retry)
 
-    def _write_run_file(self, options: dict) -> None:
-        data = {
-            "project": self.info.project,
-            "name": self.info.name,
-            "run_id": self.info.run_id,
-            "config": dict(self.info.config),
-            "tags": list(self.info.tags),
-            "flush_interval": self.flush_interval,
-            "retry": {"base": self.retry.base, "cap": self.retry.cap, "give_up_after": self.retry.give_up_after},
-            "sinks": [{"name": n, "backend": n, "options": options.get(n, {})} for n in self._named],
-            "pid": os.getpid(),
-            "started": time.time(),
-        }
-        (self.run_dir / RUN_FILE).write_text(json.dumps(data, indent=1, default=str))
+    def _run_file(self, options: dict | None = None) -> RunFile:
+        try:  # TEMP until values.redact lands
+            from rllog.values import redact
+        except ImportError:
+            def redact(x):  # type: ignore[misc]
+                return x
+
+        options = options or {}
+        return RunFile(
+            project=self.info.project,
+            name=self.info.name,
+            run_id=self.info.run_id,
+            config=dict(self.info.config),
+            tags=list(self.info.tags),
+            flush_interval=self.flush_interval,
+            retry=self.retry.as_dict(),
+            sinks=[SinkSpec(n, redact(options.get(n, {}))) for n in self._named],
+            pid=os.getpid(),
+            started=time.time(),
+        )
 
 
-def _health_monitor(health: Any):
+def _health_monitor(health: Any) -> Any:
     """``True``: the default rules; ``False``/None: none; a dict: ``HealthMonitor(**health)``; else a monitor object."""
     if health is False or health is None:
         return None
     if health is True or isinstance(health, Mapping):
-        from rllog.catalog import HealthMonitor
+        from rllog.health import HealthMonitor
 
         return HealthMonitor(**(health if isinstance(health, Mapping) else {}))
     return health
 
 
-def _factory(name: str, options: Mapping[str, Any] | None):
+def _factory(name: str, options: Mapping[str, Any] | None) -> Callable[[], Any]:
     from rllog import registry
 
     return lambda: registry.create(name, dict(options or {}))
-
-
-def load_run_info(run_dir: str | os.PathLike) -> tuple[RunInfo, dict]:
-    """The RunInfo and raw run file of an existing run directory."""
-    run_dir = Path(run_dir).resolve()
-    data = json.loads((run_dir / RUN_FILE).read_text())
-    info = RunInfo(data["project"], data["name"], str(run_dir), data["run_id"], data.get("config", {}), tuple(data.get("tags", ())))
-    return info, data
 
 
 _live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
 _previous_sigterm: Any = None
 
 
-def _on_sigterm(signum, frame) -> None:
+def _after_fork_in_child() -> None:
+    """A forked child shares no writer thread with its parent's runs: their log() raises there, and the
+    child's exit finishes nothing (the parent does)."""
+    for run in list(_live_runs):
+        run._forked = True
+    _live_runs.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
     """Finish every live run as ``killed``, then hand the signal to whoever had it before."""
     for run in list(_live_runs):
         try:

@@ -44,11 +44,15 @@ class Capabilities:
         tables: ``write_table`` stores tables (otherwise table records are acknowledged and skipped).
         config: ``open`` records ``run_info.config`` as the run's hyperparameters.
         alerts: the sink shows health alerts.
+        durable_writes: ``write_*`` returns only once the data cannot be lost (a synchronous database
+            write). When False (the safe default) the delivery layer treats what a sink accepted as
+            in flight until its ``flush()`` returned, and only then moves the sink's cursor past it.
     """
 
     tables: bool = True
     config: bool = True
     alerts: bool = False
+    durable_writes: bool = False
 
 
 @runtime_checkable

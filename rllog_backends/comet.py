@@ -37,7 +37,6 @@ Example:
 from __future__ import annotations
 
 import csv
-import email.utils
 import hashlib
 import io
 import json
@@ -47,15 +46,15 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
 
-from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
+from rllog.sink_errors import map_errors, retry_error
 
 log = logging.getLogger(__name__)
 
@@ -167,58 +166,22 @@ def table_csv(record: TableRecord) -> tuple[str, list[list[str]]]:
 
 
 # -- errors ----------------------------------------------------------------------------------------
-def _retry_after(response: Any) -> float | None:
-    headers = getattr(response, "headers", None) or {}
-    for header in ("Retry-After", "Retry-After-Custom"):  # the second is Comet's own
-        value = headers.get(header)
-        if not value:
-            continue
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            try:
-                return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-            except (TypeError, ValueError):
-                continue
-    return None
+RETRY_AFTER_HEADERS = ("Retry-After", "Retry-After-Custom")  # the second is Comet's own
 
 
 def map_error(exc: BaseException) -> Exception | None:
     """The rllog error for a Comet failure worth retrying, or None.
 
     HTTP 429 (``CometRestApiException``, ``FileUploadThrottledException``, ``requests.HTTPError``: any
-    exception carrying a ``response``) -> :class:`RateLimited` with the ``Retry-After`` (or Comet's
-    ``Retry-After-Custom``) seconds; HTTP 5xx, connection errors and timeouts -> :class:`TransientError`.
+    exception carrying a ``response``) -> :class:`~rllog.errors.RateLimited` with the ``Retry-After``
+    (or Comet's ``Retry-After-Custom``) seconds; HTTP 5xx, connection errors, timeouts and a full disk
+    (the offline archive) -> :class:`~rllog.errors.TransientError`.
     """
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if status == 429:
-        return RateLimited(_retry_after(response), message=f"comet_ml: HTTP 429: {exc}")
-    if isinstance(status, int) and 500 <= status <= 599:
-        return TransientError(f"comet_ml: HTTP {status}: {exc}")
-    retryable: tuple[type, ...] = (ConnectionError, TimeoutError)
-    try:
-        import requests
-
-        retryable += (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
-    except ImportError:  # pragma: no cover - comet_ml depends on requests
-        pass
-    if isinstance(exc, retryable):
-        return TransientError(f"comet_ml: {type(exc).__name__}: {exc}")
-    return None
+    return retry_error(exc, "comet_ml", retry_after_headers=RETRY_AFTER_HEADERS)
 
 
-@contextmanager
-def _mapped_errors() -> Iterator[None]:
-    try:
-        yield
-    except TransientError:
-        raise
-    except Exception as exc:
-        mapped = map_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+def _mapped_errors() -> AbstractContextManager[None]:
+    return map_errors("comet_ml", retry_after_headers=RETRY_AFTER_HEADERS)
 
 
 def _no_cloud_details(*args: Any, **kwargs: Any) -> None:
@@ -313,7 +276,9 @@ class CometSink:
         True
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=False)
+    # Not durable on return: Comet queues every message for its streamer thread (online: an upload;
+    # offline: a line of messages.json); flush() waits until the streamer wrote or sent them.
+    capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=False)
 
     def __init__(
         self,
@@ -333,12 +298,14 @@ class CometSink:
         self.log_env_details = log_env_details
         self.flush_timeout = flush_timeout
         self._experiment: Any = None
+        self._last_metrics_seq = 0
         self._offline = False
         self._marker: Path | None = None
 
     # -- MetricSink ---------------------------------------------------------------------------------
     def open(self, run_info: RunInfo) -> None:
         """Start (or continue, by experiment key) the Comet experiment and log name, tags, config, run id."""
+        self._last_metrics_seq = 0
         offline_hint = self.online is False or (self.online is None and _is_false(os.environ.get("COMET_START_ONLINE")))
         if "comet_ml" not in sys.modules:
             # Read by comet_ml at import: without it, comet patches mlflow/tensorboard/torch/... on import.
@@ -396,11 +363,18 @@ class CometSink:
                 )
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
-        """One ``log_metrics`` per record, at the record's step (lower steps included)."""
+        """One ``log_metrics`` per record, at the record's step (lower steps included).
+
+        A call repeated after a failure (the delivery layer's retry) skips the records the failed
+        attempt already logged: Comet keeps every point, so they would be stored twice.
+        """
         experiment = self._require_open()
         with _mapped_errors():
             for record in records:
+                if record.seq <= self._last_metrics_seq:
+                    continue
                 experiment.log_metrics({comet_name(k): v for k, v in record.values.items()}, step=record.step)
+                self._last_metrics_seq = record.seq
 
     def write_table(self, record: TableRecord) -> None:
         """Log the table as a CSV asset at the record's step."""
@@ -428,8 +402,13 @@ class CometSink:
         if experiment is None:
             return
         with _mapped_errors():
-            experiment.log_other(STATUS_KEY, status)
-            experiment.end()
+            if not experiment.ended:  # else a repeated close: the experiment ended, its archive did not get written
+                experiment.log_other(STATUS_KEY, status)
+                experiment.end()
+            if self._marker is not None and self._marker.is_file():
+                # Comet only logs a failure to write the offline archive (e.g. a full disk) and leaves
+                # the session's files behind: write the archive from them, or raise to be called again.
+                _archive_left_behind(json.loads(self._marker.read_text()))
         self._experiment = None
         if self._marker is not None:
             self._marker.unlink(missing_ok=True)
@@ -489,43 +468,57 @@ class CometSink:
         if not directory.is_dir():
             return
         import comet_ml
-        from comet_ml.offline_utils import create_experiment_archive, write_experiment_meta_file
 
         running = comet_ml.get_running_experiment()
         live_tmpdir = getattr(running, "tmpdir", None) if running is not None and not running.ended else None
         for marker in sorted(directory.glob("pending-*.json")):
             try:
                 meta = json.loads(marker.read_text())
-                tmpdir = Path(meta["tmpdir"])
-                if live_tmpdir is not None and Path(live_tmpdir) == tmpdir:
+                if live_tmpdir is not None and Path(live_tmpdir) == Path(meta["tmpdir"]):
                     continue  # still being written by an experiment of this process
-                messages = tmpdir / "messages.json"
-                if messages.is_file():
-                    data = messages.read_bytes()
-                    if data and not data.endswith(b"\n"):
-                        messages.write_bytes(data[: data.rfind(b"\n") + 1])
-                    write_experiment_meta_file(
-                        tempdir=str(tmpdir),
-                        experiment_key=meta["experiment_key"],
-                        workspace=meta.get("workspace"),
-                        project_name=meta.get("project_name"),
-                        start_time=meta.get("start_time"),
-                        stop_time=None,
-                        tags=meta.get("tags") or [],
-                        resume_strategy="get_or_create",
-                        user_provided_experiment_key=True,
-                        comet_start_sourced=True,
-                    )
-                    path, _ = create_experiment_archive(
-                        offline_directory=meta["offline_directory"],
-                        offline_archive_file_name=meta.get("archive") or f"{meta['experiment_key']}-{random_suffix()}.zip",
-                        data_dir=str(tmpdir),
-                        logger=log,
-                    )
+                path = _archive_left_behind(meta)
+                if path is not None:
                     log.warning("rllog: comet_ml: recovered an offline session that was not ended: %s", path)
-                    import shutil
-
-                    shutil.rmtree(tmpdir, ignore_errors=True)
                 marker.unlink(missing_ok=True)
             except Exception as exc:  # recovery is best effort; never block the new session
                 log.warning("rllog: comet_ml: could not recover %s: %s", marker, exc)
+
+
+def _archive_left_behind(meta: dict[str, Any]) -> str | None:
+    """Zip an offline session's messages into its archive, as ``end`` would have; None if there is nothing left.
+
+    ``meta`` is a session marker (see :meth:`CometSink._write_marker`). A torn last line of
+    ``messages.json`` (the process was killed mid-write) is dropped. The temporary directory goes once
+    the archive is written.
+    """
+    import shutil
+
+    from comet_ml.offline_utils import create_experiment_archive, write_experiment_meta_file
+
+    tmpdir = Path(meta["tmpdir"])
+    messages = tmpdir / "messages.json"
+    if not messages.is_file():
+        return None
+    data = messages.read_bytes()
+    if data and not data.endswith(b"\n"):
+        messages.write_bytes(data[: data.rfind(b"\n") + 1])
+    write_experiment_meta_file(
+        tempdir=str(tmpdir),
+        experiment_key=meta["experiment_key"],
+        workspace=meta.get("workspace"),
+        project_name=meta.get("project_name"),
+        start_time=meta.get("start_time"),
+        stop_time=None,
+        tags=meta.get("tags") or [],
+        resume_strategy="get_or_create",
+        user_provided_experiment_key=True,
+        comet_start_sourced=True,
+    )
+    path, _ = create_experiment_archive(
+        offline_directory=meta["offline_directory"],
+        offline_archive_file_name=meta.get("archive") or f"{meta['experiment_key']}-{random_suffix()}.zip",
+        data_dir=str(tmpdir),
+        logger=log,
+    )
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    return path

@@ -33,15 +33,23 @@ import os
 import sys
 import time
 from collections import deque
+from contextlib import AbstractContextManager
 from typing import Any, Sequence
 
 from rllog.catalog import crucial_keys, format_range, health, lookup
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
+from rllog.sink_errors import is_disk_full, map_errors
 
 ENV_FD = "RLLOG_CONSOLE_FD"
 HEALTH_STYLE = {"ok": "green", "unhealthy": "bold red", None: ""}
 LEVEL_STYLE = {"error": "bold red", "warning": "yellow"}
+
+
+def _mapped_errors() -> AbstractContextManager[None]:
+    """A full disk under the output (stdout sent to a file) is retried; any other output error (the
+    terminal is gone: a broken pipe, a closed descriptor) is permanent, as before."""
+    return map_errors("console", permanent=(OSError,))
 
 
 def fmt_value(value: float) -> str:
@@ -144,55 +152,61 @@ class ConsoleSink:
             self._print(f"rllog: run {run_info.project}/{run_info.name} ({run_info.run_id}) in {run_info.run_dir}")
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
-        for r in records:
-            if self._first is None:
-                self._first = (r.step, r.time)
-            if self._last is None or r.step >= self._last[0]:
-                self._last = (r.step, r.time)
-            for key, value in r.values.items():
-                self.values[key] = (r.step, value)
-            if self._live is None and r.step % self.every == 0:
-                self._print_metrics(r)
-        self._redraw()
+        with _mapped_errors():
+            for r in records:
+                if self._first is None:
+                    self._first = (r.step, r.time)
+                if self._last is None or r.step >= self._last[0]:
+                    self._last = (r.step, r.time)
+                for key, value in r.values.items():
+                    self.values[key] = (r.step, value)
+                if self._live is None and r.step % self.every == 0:
+                    self._print_metrics(r)
+            self._redraw()
 
     def write_table(self, record: TableRecord) -> None:
         entry = self.tables.setdefault(record.name, [0, 0])
         entry[0] += 1
         entry[1] += record.table.num_rows
-        if self._live is None:
-            if record.step % self.every == 0:
-                self._print(f"step {record.step} table {record.name}: {record.table.num_rows} rows")
-        else:
-            self._redraw()
+        with _mapped_errors():
+            if self._live is None:
+                if record.step % self.every == 0:
+                    self._print(f"step {record.step} table {record.name}: {record.table.num_rows} rows")
+            else:
+                self._redraw()
 
     def write_alert(self, record: AlertRecord) -> None:
         self.alerts.append(record)
         self.alert_count += 1
-        if self._live is None:
-            self._print_alert(record)
-        else:
-            self._redraw(force=True)
+        with _mapped_errors():
+            if self._live is None:
+                self._print_alert(record)
+            else:
+                self._redraw(force=True)
 
     def flush(self) -> None:
-        if self._live is not None and self._dirty:
-            self._redraw(force=True)
-        elif self._file is not None:
-            self._file.flush()
+        with _mapped_errors():
+            if self._live is not None and self._dirty:
+                self._redraw(force=True)
+            elif self._file is not None:
+                self._file.flush()
 
     def close(self, status: str) -> None:
         self.status = status
-        if self._live is not None:
-            self._live.update(self._render(), refresh=False)
-            self._live.stop()  # draws the final panel
-            self._live = None
-        else:
-            step = self._last[0] if self._last else "-"
-            self._print(f"rllog: run {self.run_info.name if self.run_info else ''} {status} at step {step} ({self.alert_count} alert{'' if self.alert_count == 1 else 's'})")
-        if self._file is not None:
-            try:
-                self._file.flush()
-            except OSError:
-                pass
+        with _mapped_errors():
+            if self._live is not None:
+                self._live.update(self._render(), refresh=False)
+                self._live.stop()  # draws the final panel
+                self._live = None
+            else:
+                step = self._last[0] if self._last else "-"
+                self._print(f"rllog: run {self.run_info.name if self.run_info else ''} {status} at step {step} ({self.alert_count} alert{'' if self.alert_count == 1 else 's'})")
+            if self._file is not None:
+                try:
+                    self._file.flush()
+                except OSError as exc:  # the trainer's terminal may be gone; a full disk under its log is worth a retry
+                    if is_disk_full(exc):
+                        raise
 
     # -- plain lines ------------------------------------------------------------------------------
     def _print(self, text) -> None:

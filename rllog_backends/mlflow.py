@@ -19,12 +19,13 @@ import math
 import os
 import posixpath
 import re
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterator, Sequence
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
+from rllog.sink_errors import exception_chain, map_errors
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,6 @@ STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
 _HASH_LENGTH = 8
 _BAD_CHARS = re.compile(r"[^\w/.\- :]" if os.name != "nt" else r"[^\w/.\- ]")  # MLflow's own rule, negated
-_TOO_MANY = re.compile(r"too many (\d{3}) error responses")  # urllib3's ResponseError text
 _RETRY_CODES_429 = {"REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"}
 _RETRY_CODES_5XX = {"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED"}
 
@@ -168,53 +168,31 @@ def _json_cell(value: Any) -> Any:
     return str(value)
 
 
-def _retryable(exc: BaseException) -> Exception | None:
-    """The rllog retry error for an exception from MLflow, or None if it is not worth retrying.
+def _error_code(exc: BaseException) -> TransientError | None:
+    """MLflow's own error codes worth a retry, anywhere in the chain (``MlflowException.error_code``).
 
-    MLflow wraps everything in ``MlflowException``; the cause is in the exception chain:
-    ``requests`` ``RetryError`` (urllib3 "too many 429 error responses": the HTTP status, but not the
-    response, so no Retry-After), ``ConnectionError`` / ``Timeout``, or a ``RestException`` whose
-    error code maps to 429 / 503 / 504 (e.g. from the Databricks SDK path).
+    A local store raises ``TEMPORARILY_UNAVAILABLE`` for any SQLAlchemy ``OperationalError`` (sqlite's
+    "database is locked" and "database or disk is full" included); a Databricks backend answers
+    ``REQUEST_LIMIT_EXCEEDED`` / ``RESOURCE_EXHAUSTED`` for a rate limit.
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        module = type(current).__module__ or ""
-        name = type(current).__name__
-        if module.startswith(("requests", "urllib3")):
-            match = _TOO_MANY.search(str(current))
-            if match:
-                status = int(match.group(1))
-                if status == 429:
-                    return RateLimited(None, f"mlflow: HTTP 429 from the tracking server: {exc}")
-                if status >= 500 or status == 408:
-                    return TransientError(f"mlflow: HTTP {status} from the tracking server: {exc}")
-            if name in {"ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout", "ChunkedEncodingError", "ProtocolError", "NewConnectionError"}:
-                return TransientError(f"mlflow: cannot reach the tracking server: {exc}")
+    for current in exception_chain(exc):
         code = getattr(current, "error_code", None)
-        if module.startswith("mlflow") and isinstance(code, str):
+        if (type(current).__module__ or "").startswith("mlflow") and isinstance(code, str):
             if code in _RETRY_CODES_429:
                 return RateLimited(None, f"mlflow: {exc}")
-            if code in _RETRY_CODES_5XX:  # includes sqlite "database is locked" (OperationalError)
+            if code in _RETRY_CODES_5XX:
                 return TransientError(f"mlflow: {exc}")
-        if isinstance(current, (ConnectionError, TimeoutError)):
-            return TransientError(f"mlflow: {exc}")
-        current = current.__cause__ or current.__context__
     return None
 
 
-@contextmanager
-def _mapped_errors() -> Iterator[None]:
-    try:
-        yield
-    except (RateLimited, TransientError):
-        raise
-    except Exception as exc:
-        mapped = _retryable(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+def _mapped_errors() -> AbstractContextManager[None]:
+    """Re-raises MLflow's failures worth a retry as rllog's (see :mod:`rllog.sink_errors`).
+
+    MLflow wraps everything in ``MlflowException``; the cause is in the chain: ``requests`` ``RetryError``
+    (urllib3 "too many 429 error responses": the status but not the response, so no Retry-After),
+    connection errors and timeouts, an error code (:func:`_error_code`), or a full disk under the artifacts.
+    """
+    return map_errors("mlflow", classify=_error_code)
 
 
 class MlflowSink:
@@ -240,7 +218,9 @@ class MlflowSink:
         >>> # mlflow ui --backend-store-uri sqlite:///mlflow.db: experiment "grpo-math", tag rllog.run_id
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=False)
+    # Durable on return: log_batch(synchronous=True), log_text and set_tag return once the store (a
+    # database transaction, or the tracking server's) committed them, so flush() has nothing to add.
+    capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=True)
 
     def __init__(
         self,

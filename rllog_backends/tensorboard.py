@@ -10,13 +10,16 @@ else ``<run_dir>/tensorboard``)::
     status/text_summary           "finished" / "failed" / "killed", written by ``close``
     out_of_order[_N]/             values whose step went backwards (below)
 
-Events are built as protos and written with ``tensorboard.summary.writer.event_file_writer.
-EventFileWriter``, the writer ``tensorboard.summary.Writer`` uses underneath. ``torch.utils.tensorboard``
-would pull torch into the delivery process; ``tensorboard.summary.Writer`` writes only scalars, as
-tensors that ``EventAccumulator.Scalars`` does not return. Scalars are written as ``simple_value``,
+Events are built as protos and framed with ``tensorboard.summary.writer.record_writer.RecordWriter``
+(what ``EventFileWriter`` uses underneath), then appended to the event file by the sink itself.
+``torch.utils.tensorboard`` would pull torch into the delivery process; ``tensorboard.summary.Writer``
+writes only scalars, as tensors that ``EventAccumulator.Scalars`` does not return; ``EventFileWriter``
+writes from a thread that stops for good at its first error. Scalars are written as ``simple_value``,
 like ``torch.utils.tensorboard`` and the HF ``TensorBoardCallback``, so every TensorBoard reader (the
-default Rust data server included) shows them. Each ``write_*`` call flushes its events to the file
-before returning.
+default Rust data server included) shows them. Each ``write_*`` call appends its events to the file
+before returning. A write that fails (a full disk) is cut back to the last complete call and raised
+as :class:`~rllog.errors.TransientError`: the repeated call writes each event once, and the file never
+holds a broken record.
 
 Backwards steps: TensorBoard's default data server treats a lower step as a restart of the job and
 discards, from the view, the earlier points of that tag at steps >= the new one (one late value at
@@ -36,15 +39,20 @@ Read back with::
 
 from __future__ import annotations
 
+import contextlib
 import html
+import io
+import itertools
 import json
 import os
 import re
+import socket
 import time
 from typing import Any, Mapping, Sequence
 
 from rllog.records import MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
+from rllog.sink_errors import map_errors
 
 TEXT_SUFFIX = "/text_summary"
 CONFIG_TAG = "config" + TEXT_SUFFIX
@@ -52,6 +60,7 @@ STATUS_TAG = "status" + TEXT_SUFFIX
 RESERVED_TABLE_NAMES = ("config", "status")
 OUT_OF_ORDER = "out_of_order"
 ELLIPSIS = "\u2026"
+_FILE_IDS = itertools.count()
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|])")
 _EDGE_SPACE = re.compile(r"^\s+|\s+$")
@@ -176,7 +185,8 @@ class TensorBoardSink:
         $ tensorboard --logdir $TENSORBOARD_LOGGING_DIR
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=False)
+    # Durable on return: every write_* call appends its events to the event file before it returns.
+    capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=True)
 
     def __init__(self, logdir: str | None = None, max_cell_chars: int | None = 500, hparams: bool = True):
         self.logdir = logdir
@@ -191,7 +201,7 @@ class TensorBoardSink:
             self.logdir = os.path.join(base, run_info.name) if base else os.path.join(run_info.run_dir, "tensorboard")
         self._layers = [_Layer(self._layer_path(0))]
         self._recover()
-        main = self._layers[0].writer()  # the run appears in TensorBoard at once
+        main = self._layers[0]
         config = dict(run_info.config)
         text = markdown_table(["key", "value"], [{"key": k, "value": v} for k, v in config.items()])
         main.add_event(_text_event(CONFIG_TAG, text, step=0, wall_time=time.time()))
@@ -212,26 +222,40 @@ class TensorBoardSink:
             for key, value in r.values.items():
                 by_layer.setdefault(self._layer_for(key, r.step), []).append(summary_pb2.Summary.Value(tag=key, simple_value=value))
             for i, values in by_layer.items():
-                self._layers[i].writer().add_event(event_pb2.Event(wall_time=r.time, step=r.step, summary=summary_pb2.Summary(value=values)))
+                self._layers[i].add_event(event_pb2.Event(wall_time=r.time, step=r.step, summary=summary_pb2.Summary(value=values)))
             self._last_step = max(self._last_step, r.step)
         self.flush()  # in the OS's hands before the delivery layer moves its cursor past the batch
 
     def write_table(self, record: TableRecord) -> None:
         tag = table_tag(record.name)
         text = markdown_table(record.table.column_names, record.table.to_pylist(), self.max_cell_chars)
-        self._layers[self._layer_for(tag, record.step)].writer().add_event(_text_event(tag, text, step=record.step, wall_time=record.time))
+        self._layers[self._layer_for(tag, record.step)].add_event(_text_event(tag, text, step=record.step, wall_time=record.time))
         self._last_step = max(self._last_step, record.step)
         self.flush()
 
     def flush(self) -> None:
+        """Append every layer's new events to its file, all or nothing.
+
+        If one write fails (a full disk), every layer is cut back to its last complete flush and
+        its new events are dropped: the delivery layer repeats the call that wrote them, so each
+        event lands exactly once, and no file keeps a broken record.
+        """
+        try:
+            with map_errors("tensorboard"):
+                for layer in self._layers:
+                    layer.write_pending()
+        except BaseException:
+            for layer in self._layers:
+                layer.roll_back()
+            raise
         for layer in self._layers:
-            layer.flush()
+            layer.commit()
 
     def close(self, status: str) -> None:
         if not self._layers:
             return
         now = time.time()
-        main = self._layers[0].writer()
+        main = self._layers[0]
         main.add_event(_text_event(STATUS_TAG, status, step=self._last_step, wall_time=now))
         if self.hparams:
             from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -242,8 +266,7 @@ class TensorBoardSink:
             summary = summary_pb2.Summary()
             summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)
             main.add_event(event_pb2.Event(wall_time=now, step=self._last_step, summary=summary))
-        for layer in self._layers:
-            layer.close()
+        self.flush()
         self._layers = []
 
     def _recover(self) -> None:
@@ -281,31 +304,67 @@ class TensorBoardSink:
 
 
 class _Layer:
-    """One TensorBoard run directory and, per tag, the highest step written to it."""
+    """One TensorBoard run directory, its event file, and per tag the highest step written to it.
+
+    Events are framed with TensorBoard's own ``RecordWriter`` into a buffer, and appended to the
+    layer's file by :meth:`write_pending` (synchronously: ``EventFileWriter`` writes from a thread
+    that stops for good at its first error, so a full disk would fail the sink forever). The file is
+    created at the first write, a new one per open (TensorBoard reads a directory's files in name,
+    i.e. creation time, order). No ``SessionLog.START`` is written: it would make TensorBoard discard
+    the earlier events with higher steps.
+    """
 
     def __init__(self, path: str):
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
         self.path = path
         self.high: dict[str, int] = {}
-        self._writer = None
+        self._file: str | None = None
+        self._committed = 0  # bytes of the file written by complete flushes
+        self._pending = io.BytesIO()
+        self._records = RecordWriter(self._pending)
 
-    def writer(self):
-        if self._writer is None:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    def add_event(self, event) -> None:
+        if self._file is None and not self._pending.tell():
+            from tensorboard.compat.proto import event_pb2
 
-            # A new file per open; on a resume TensorBoard reads the directory's files in name
-            # (= creation time) order. No SessionLog.START is written: it would make TensorBoard
-            # discard the earlier events with higher steps.
-            self._writer = EventFileWriter(self.path, max_queue_size=1000)
-        return self._writer
+            version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
+                                      source_metadata=event_pb2.SourceMetadata(writer="rllog_backends.tensorboard"))
+            self._records.write(version.SerializeToString())
+        self._records.write(event.SerializeToString())
 
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+    def write_pending(self) -> None:
+        data = self._pending.getvalue()
+        if not data:
+            return
+        if self._file is None:
+            os.makedirs(self.path, exist_ok=True)
+            self._file = os.path.join(self.path, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS):06d}")
+        with open(self._file, "ab", buffering=0) as f:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def commit(self) -> None:
+        self._committed += self._pending.tell()
+        self._clear()
+
+    def roll_back(self) -> None:
+        """Cut the file back to its last complete flush (a file with nothing committed goes) and drop the new events."""
+        self._clear()
+        if self._file is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            if self._committed:
+                os.truncate(self._file, self._committed)
+            else:
+                os.remove(self._file)
+        if not self._committed:
+            self._file = None
+
+    def _clear(self) -> None:
+        self._pending.seek(0)
+        self._pending.truncate()
 
 
 def _text_event(tag: str, text: str, *, step: int, wall_time: float):

@@ -37,11 +37,13 @@ import logging
 import os
 import sqlite3
 import uuid
+from contextlib import AbstractContextManager
 from typing import Any, Sequence
 
 from rllog.errors import TransientError
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
+from rllog.sink_errors import map_errors
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,9 @@ class TrackioSink:
         $ trackio show --project grpo-math
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=True)
+    # Durable on return: every write goes through trackio's storage layer, which commits the SQLite
+    # transaction (or writes and closes the JSONL fragment) before it returns.
+    capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=True)
 
     def __init__(self, project: str | None = None, name: str | None = None, group: str | None = None):
         self.project = project
@@ -114,17 +118,18 @@ class TrackioSink:
         self.project = self.project or run_info.project
         SQLiteStorage.validate_project_name(self.project)
         config = {(f"config/{k}" if k.startswith("_") else k): v for k, v in run_info.config.items()}
-        self._run = trackio.Run(
-            url=None,
-            project=self.project,
-            client=None,
-            name=self.name or run_info.name,
-            run_id=run_info.run_id,
-            group=self.group,
-            config=config,
-            auto_log_cpu=False,
-            auto_log_gpu=False,
-        )
+        with _mapped_errors():
+            self._run = trackio.Run(
+                url=None,
+                project=self.project,
+                client=None,
+                name=self.name or run_info.name,
+                run_id=run_info.run_id,
+                group=self.group,
+                config=config,
+                auto_log_cpu=False,
+                auto_log_gpu=False,
+            )
         try:  # a resumed run keeps its creation time
             previous = SQLiteStorage.get_run_config(self.project, run_id=self._run.id) or {}
         except Exception:
@@ -190,7 +195,8 @@ class TrackioSink:
             level="info" if status == "finished" else "error",
             alert_id=uuid.uuid5(uuid.NAMESPACE_URL, f"rllog:{self._run.id}:status:{status}").hex,
         )
-        self._run.finish()  # stops the Run's (idle) sender thread
+        with _mapped_errors():
+            self._run.finish()  # stops the Run's (idle) sender thread
         self._run = None
 
     # -- internals -------------------------------------------------------------------------------
@@ -222,15 +228,21 @@ class TrackioSink:
 
     @staticmethod
     def _call(fn) -> None:
-        """Run one storage call; a busy database is worth a retry, anything else is not."""
-        try:
+        """Run one storage call, its failures worth a retry raised as rllog's."""
+        with _mapped_errors():
             fn()
-        except sqlite3.OperationalError as exc:
-            message = str(exc).lower()
-            if "locked" in message or "busy" in message:
-                raise TransientError(f"trackio database busy: {exc}") from exc
-            raise
-        except OSError as exc:
-            if "could not acquire database lock" in str(exc).lower():
-                raise TransientError(f"trackio database lock: {exc}") from exc
-            raise
+
+
+def _busy(exc: BaseException) -> TransientError | None:
+    """trackio's "the database is in use" errors: SQLite's own, and its file lock's timeout."""
+    message = str(exc).lower()
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in message or "busy" in message):
+        return TransientError(f"trackio database busy: {exc}")
+    if isinstance(exc, OSError) and "could not acquire database lock" in message:
+        return TransientError(f"trackio database lock: {exc}")
+    return None
+
+
+def _mapped_errors() -> AbstractContextManager[None]:
+    """Re-raises a busy database and a full disk (:mod:`rllog.sink_errors`) as :class:`~rllog.errors.TransientError`."""
+    return map_errors("trackio", classify=_busy)

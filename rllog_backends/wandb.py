@@ -39,12 +39,13 @@ import re
 import struct
 import time
 import zlib
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Sequence
 
-from rllog.errors import RateLimited, TransientError
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
+from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
 
 STEP_KEY = "rllog/step"
 MAX_TABLE_ROWS = 10_000  # wandb.Table.MAX_ROWS: rows beyond it are cut when a table is logged
@@ -87,98 +88,36 @@ def status_for(exit_code: int) -> str:
     return {v: k for k, v in EXIT_CODES.items()}.get(exit_code, "failed")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and every exception it wraps (wandb's ``CommError.exc``, ``__cause__``, ``__context__``)."""
-    out: list[BaseException] = []
-    stack: list[Any] = [exc]
-    while stack:
-        e = stack.pop(0)
-        if isinstance(e, BaseException) and all(e is not x for x in out):
-            out.append(e)
-            stack.extend((getattr(e, "exc", None), e.__cause__, e.__context__))
-    return out
+def _rules() -> dict[str, Any]:
+    """What is particular to wandb in :func:`rllog.sink_errors.retry_error` (wandb is imported by then)."""
+    from wandb.errors import AuthenticationError, CommError
 
-
-def _http_status(exc: BaseException) -> tuple[int | None, Any]:
-    """(HTTP status, response or None) from a response in ``exc``'s chain, else from a message."""
-    chain = _chain(exc)
-    for e in chain:
-        response = getattr(e, "response", None)
-        for status in (getattr(response, "status_code", None), getattr(response, "status", None), getattr(e, "status_code", None)):
-            if isinstance(status, int) and 100 <= status <= 599:
-                return status, response
-    for e in chain:
-        match = _HTTP_STATUS.search(str(e))
-        if match:
-            return int(match.group(1)), None
-    return None, None
-
-
-def _retry_after(response: Any) -> float | None:
-    headers = getattr(response, "headers", None)
-    if not headers:
-        return None
-    try:
-        value = headers.get("Retry-After")
-    except Exception:
-        return None
-    from rllog.delivery import parse_retry_after
-
-    return parse_retry_after(value)
+    return {
+        "transient": (CommError,),  # wandb's wrapper of timeouts and dropped connections
+        "permanent": (AuthenticationError,),  # a CommError subclass; a retry would not help
+        "status_patterns": (_HTTP_STATUS, URLLIB3_RETRIES),  # CommError often has the status only in its text
+        "wrapped": ("exc",),  # CommError.exc: the exception it wraps
+    }
 
 
 def map_error(exc: BaseException) -> BaseException:
     """Translate an exception from wandb into rllog's retryable errors, or return it unchanged.
 
     - HTTP 429 anywhere in the chain (a ``response.status_code``, or ``HTTP 429`` in wandb's message)
-      -> :class:`RateLimited`, with ``Retry-After`` when a response carries it.
-    - HTTP 5xx or 408 -> :class:`TransientError`.
+      -> :class:`~rllog.errors.RateLimited`, with ``Retry-After`` when a response carries it.
+    - HTTP 5xx or 408 -> :class:`~rllog.errors.TransientError`.
     - a ``wandb.errors.CommError`` without an HTTP status (timeouts, dropped connections), Python's
-      ``ConnectionError``/``TimeoutError`` and ``requests`` connection errors -> :class:`TransientError`.
+      ``ConnectionError``/``TimeoutError``, ``requests`` connection errors and a full disk -> :class:`~rllog.errors.TransientError`.
     - everything else (``AuthenticationError``, ``UsageError``, other HTTP 4xx, bugs) is returned as is:
       retrying would not help.
     """
-    if isinstance(exc, TransientError):
-        return exc
-    status, response = _http_status(exc)
-    if status == 429:
-        return RateLimited(_retry_after(response), message=f"wandb: {exc}")
-    if status is not None and (500 <= status <= 599 or status == 408):
-        return TransientError(f"wandb: HTTP {status}: {exc}")
-    if status is not None:
-        return exc
-    try:
-        from wandb.errors import AuthenticationError, CommError
-    except ImportError:  # pragma: no cover - wandb not installed
-        AuthenticationError = CommError = ()  # type: ignore[assignment]
-    if isinstance(exc, AuthenticationError):
-        return exc
-    transient: tuple[type, ...] = (ConnectionError, TimeoutError)
-    if CommError:
-        transient += (CommError,)
-    try:
-        import requests
-
-        transient += (requests.ConnectionError, requests.Timeout)
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(exc, transient):
-        return TransientError(f"wandb: {type(exc).__name__}: {exc}")
-    return exc
+    mapped = retry_error(exc, "wandb", **_rules())
+    return exc if mapped is None else mapped
 
 
-class _Mapped:
-    """Context manager re-raising wandb's retryable errors as rllog's."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is not None and isinstance(exc, Exception):
-            mapped = map_error(exc)
-            if mapped is not exc:
-                raise mapped from exc
-        return False
+def _mapped() -> AbstractContextManager[None]:
+    """Re-raises wandb's retryable errors as rllog's (see :func:`map_error`)."""
+    return map_errors("wandb", **_rules())
 
 
 def exit_written(path: str | os.PathLike) -> bool:
@@ -279,7 +218,9 @@ class WandbSink:
         >>> run = rllog.init(report_to=[sink], project="grpo-math")
     """
 
-    capabilities = Capabilities(tables=True, config=True, alerts=True)
+    # Not durable on return: run.log hands the row to wandb's service process, which writes it later;
+    # flush() waits for the service to have it.
+    capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
 
     def __init__(
         self,
@@ -324,9 +265,9 @@ class WandbSink:
             import wandb
 
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
-            Path(directory).mkdir(parents=True, exist_ok=True)
             settings = {"console": "off", **self.settings}
-            with _Mapped():
+            with _mapped():
+                Path(directory).mkdir(parents=True, exist_ok=True)
                 self._run = wandb.init(
                     project=_clean_project(self.project or run_info.project),
                     entity=self.entity,
@@ -345,7 +286,7 @@ class WandbSink:
                     reinit="create_new",
                     settings=wandb.Settings(**settings),
                 )
-        with _Mapped():
+        with _mapped():
             self._run.define_metric(self.step_key)
             self._run.define_metric("*", step_metric=self.step_key)
 
@@ -357,7 +298,7 @@ class WandbSink:
             if record.values:
                 row = {wandb_key(k, self.step_key): float(v) for k, v in record.values.items()}
                 row[self.step_key] = record.step
-                with _Mapped():
+                with _mapped():
                     run.log(row)
             self._last_metrics_seq = record.seq
 
@@ -377,7 +318,7 @@ class WandbSink:
             parts = {f"{name}/part_{i}": rows[i * n:(i + 1) * n] for i in range(math.ceil(len(rows) / n))}
         row: dict[str, Any] = {key: wandb.Table(columns=columns, data=data, allow_mixed_types=True) for key, data in parts.items()}
         row[self.step_key] = record.step
-        with _Mapped():
+        with _mapped():
             run.log(row)
 
     def write_alert(self, record: AlertRecord) -> None:
@@ -389,14 +330,14 @@ class WandbSink:
         import wandb
 
         level = wandb.AlertLevel.ERROR if record.level == "error" else wandb.AlertLevel.WARN
-        with _Mapped():
+        with _mapped():
             run.alert(title=f"{record.rule}: {record.metric}", text=f"step {record.step}: {record.message}", level=level, wait_duration=1)
 
     def flush(self) -> None:
         # wandb sends every `log` to its service process asynchronously; a summary read is a round
         # trip through the same queue, so when it returns the service has all rows logged before.
         if self._run is not None:
-            with _Mapped():
+            with _mapped():
                 self._run.summary.keys()
 
     def close(self, status: str) -> None:
@@ -404,7 +345,7 @@ class WandbSink:
             return
         run = self._run
         sync_file = getattr(run.settings, "sync_file", None)
-        with _Mapped():
+        with _mapped():
             run.finish(exit_code=exit_code_for(status))
         self._run = None
         # run.finish() can return while wandb's service still holds the last records of the

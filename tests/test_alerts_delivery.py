@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import rllog
-from rllog.catalog import AlertDraft
+from rllog.health import AlertDraft
 from rllog.sink import Capabilities
 from sinks import MemorySink
 
 
 class ThresholdMonitor:
-    """Fault injection stand-in for the catalog's HealthMonitor: fires when x > 5."""
+    """Fault injection stand-in for rllog.health's HealthMonitor: fires when x > 5."""
 
     def observe(self, step, values):
         x = values.get("x")

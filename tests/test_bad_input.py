@@ -115,10 +115,23 @@ def test_nested_and_huge_dicts(run):
     assert len([k for k in got if k.startswith("big/")]) == 20_000 and got["big/k19999"] == [(3, 19999.0)]
 
 
-@pytest.mark.parametrize("step", [-1, 1.5, "3", True, None.__class__, np.float64(2.0)])
+@pytest.mark.parametrize("step", [-1, 1.5, "3", True, None.__class__, np.float64(2.0), 2**63, np.uint64(2**63), 2**64, np.int64(-1)])
 def test_bad_steps(run, step):
     with pytest.raises(InvalidStep):
         run.log({"x": 1.0}, step=step)
+    with pytest.raises(InvalidStep):
+        run.log_table("t", {"a": [1]}, step=step)
+
+
+def test_steps_up_to_the_largest_int64_are_delivered_and_beyond_it_refused(run):
+    """Every tracker stores steps as int64: 2**63 failed parquet, TensorBoard and MLflow for good."""
+    top = 2**63 - 1
+    with pytest.raises(InvalidStep, match="int64"):
+        run.log({"x": 0.0}, step=2**63)
+    run.log({"x": 1.0}, step=np.uint64(top))
+    run.log_table("t", {"a": [1]}, step=top)
+    assert delivered(run) == {"x": [(top, 1.0)]}
+    assert rllog.read_table(run.run_dir, "t").column("_step").to_pylist() == [top]
 
 
 def test_steps_going_backwards_are_kept(run):
@@ -127,7 +140,81 @@ def test_steps_going_backwards_are_kept(run):
     assert delivered(run)["x"] == [(5, 5.0), (3, 3.0), (3, 3.0), (0, 0.0)]
 
 
+COLLISIONS = [
+    ({"train/loss": 1.0, "train": {"loss": 2.0}}, "train/loss"),
+    ({"train": {"loss": 2.0}, "train/loss": 1.0}, "train/loss"),
+    ({"a": {"b/c": 1.0}, "a/b": {"c": 2.0}}, "a/b/c"),
+    ({"t": torch.tensor(1.0), "x/t": 1.0, "x": {"t": torch.tensor(2.0)}}, "x/t"),
+]
+
+
+@pytest.mark.parametrize("values, name", COLLISIONS, ids=[c[1] + str(i) for i, c in enumerate(COLLISIONS)])
+def test_names_that_collide_once_flattened_raise_and_log_nothing(run, values, name):
+    with pytest.raises(InvalidKey, match=f"'{name}' is given twice"):
+        run.log(values, step=1)
+    run.log({"train": {"loss": 3.0}, "train/acc": 0.5}, step=2)  # nested and flat names that do not collide
+    assert delivered(run) == {"train/loss": [(2, 3.0)], "train/acc": [(2, 0.5)]}
+
+
 # -- tables ---------------------------------------------------------------------------------------
+UNSTORABLE = [
+    ("empty_struct", {"info": [{}, {}]}, "info"),
+    ("nested_empty_struct", {"meta": [{"extra": {}}], "ok": [1]}, "meta"),
+    ("list_of_empty_structs", {"calls": [[{}], []]}, "calls"),
+    ("interval", {"span": [pd.DateOffset(months=1)]}, "span"),  # Arrow's month_day_nano_interval
+    ("union", pa.table({"u": pa.UnionArray.from_sparse(pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["a", "b"])])}), "u"),
+]
+
+
+@pytest.mark.parametrize("table, column", [c[1:] for c in UNSTORABLE], ids=[c[0] for c in UNSTORABLE])
+def test_column_types_parquet_cannot_store_are_refused_at_the_call(run, table, column):
+    with pytest.raises(InvalidTable, match=f"column '{column}' of type"):
+        run.log_table("t", table, step=0)
+    run.log_table("t", {"a": [1]}, step=1)
+    run.finish()
+    assert journal.last_seq(run.run_dir) == 1  # the refused table was not journaled
+    assert rllog.read_table(run.run_dir, "t").column("a").to_pylist() == [1]
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.3], ids=["one_part", "a_part_per_call"])
+def test_a_column_may_change_type_between_calls_as_arrow_promotes_it(run, pause):
+    tables = [
+        {"reward": [1, 0], "note": [None, None]},  # int64, null
+        {"reward": [0.5], "note": ["ok"], "extra": [True]},  # int -> float, null -> string, a new column
+        {"reward": [2]},  # an int again: stored as float; missing columns are null
+        pd.DataFrame({"reward": [1.5], "note": pd.Categorical(["cat"])}),  # a categorical is stored as its values
+    ]
+    for step, table in enumerate(tables):
+        run.log_table("t", table, step=step)
+        time.sleep(pause)  # the parquet backend concatenates within a part and across parts: both must hold
+    with pytest.raises(InvalidTable, match=r"column 'reward' was double in earlier calls and is string now; .*permissive promotion"):
+        run.log_table("t", {"reward": ["high"]}, step=4)
+    with pytest.raises(InvalidTable, match=r"column 'note' was (large_)?string in earlier calls and is int64 now"):
+        run.log_table("t", {"note": [3]}, step=5)
+    run.log_table("other", {"reward": ["high"]}, step=6)  # the rule is per table name
+    run.finish()
+    rows = rllog.read_table(run.run_dir, "t").to_pylist()
+    assert [(r["_step"], r["reward"], r["note"], r["extra"]) for r in rows] == [
+        (0, 1.0, None, None), (0, 0.0, None, None), (1, 0.5, "ok", True), (2, 2.0, None, None), (3, 1.5, "cat", None)]
+    assert rllog.read_table(run.run_dir, "other").column("reward").to_pylist() == ["high"]
+
+
+def test_ints_that_a_promoted_type_cannot_hold_exactly_are_refused(run):
+    run.log_table("ids", {"id": [2**60 + 1]}, step=0)
+    with pytest.raises(InvalidTable, match=r"column 'id' holds int64 values .* cannot hold exactly"):
+        run.log_table("ids", {"id": [0.5]}, step=1)  # 2**60 + 1 is no float64
+    run.log_table("ids", {"id": [7]}, step=2)
+    run.log_table("small", {"n": [3]}, step=0)
+    run.log_table("small", {"n": [0.5]}, step=1)  # ints that a float holds exactly: promoted
+    run.log_table("unsigned", pa.table({"u": pa.array([2**64 - 1], pa.uint64())}), step=0)
+    with pytest.raises(InvalidTable, match=r"column 'u' holds uint64 values"):
+        run.log_table("unsigned", {"u": [-1]}, step=1)  # uint64 with int64 promotes to int64, which 2**64 - 1 is not
+    run.finish()
+    assert rllog.read_table(run.run_dir, "ids").column("id").to_pylist() == [2**60 + 1, 7]
+    assert rllog.read_table(run.run_dir, "small").column("n").to_pylist() == [3.0, 0.5]
+    assert rllog.read_table(run.run_dir, "unsigned").column("u").to_pylist() == [2**64 - 1]
+
+
 def test_ragged_table(run):
     with pytest.raises(InvalidTable, match=r"a=1, b=2"):
         run.log_table("t", {"a": [1], "b": [1, 2]})
@@ -148,6 +235,8 @@ def test_empty_table_with_columns_is_kept_and_without_columns_is_rejected(run):
 def test_mixed_type_column(run):
     with pytest.raises(InvalidTable, match="incompatible types"):
         run.log_table("t", {"a": [1, "x", None]})
+    with pytest.raises(InvalidTable, match="incompatible types"):
+        run.log_table("t", {"a": [2**64]})  # beyond int64
     run.log_table("t", {"a": [1, 2.5, None]}, step=0)  # int and float unify to float
     run.finish()
     assert rllog.read_table(run.run_dir, "t").column("a").to_pylist() == [1.0, 2.5, None]

@@ -1,10 +1,11 @@
-"""The metric catalog, the health rules (each on series that must and must not fire), docs/metrics.md,
-``rllog plot`` with healthy bands and alerts, and ``rllog show``'s health marks."""
+"""The metric catalog, the health rules (each on series that must and must not fire), docs/metrics.md
+(scripts/gen_metrics_docs.py), ``rllog plot`` with healthy bands and alerts, and ``rllog show``'s health marks."""
 
 from __future__ import annotations
 
 import math
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,12 @@ import pytest
 
 import rllog
 from rllog import catalog
-from rllog.catalog import AlertDraft, HealthMonitor, Rule, default_rules, health, lookup
+from rllog import health as rules
+from rllog.catalog import health, lookup
+from rllog.health import AlertDraft, HealthMonitor, Rule, default_rules
 
 ROOT = Path(__file__).resolve().parents[1]
+GEN_METRICS_DOCS = ROOT / "scripts" / "gen_metrics_docs.py"
 NAN, INF = float("nan"), float("inf")
 
 PPO_METRICS = [
@@ -50,10 +54,12 @@ def const(key, value, steps):
 
 def test_docs_metrics_md_is_generated_from_the_catalog():
     text = (ROOT / "docs" / "metrics.md").read_text()
-    assert text == catalog.markdown(), "docs/metrics.md is stale: run `python -m rllog.catalog --markdown > docs/metrics.md`"
-    out = subprocess.run([sys.executable, "-m", "rllog.catalog", "--markdown"], capture_output=True, text=True, check=True).stdout
+    markdown = runpy.run_path(str(GEN_METRICS_DOCS))["markdown"]
+    assert text == markdown(), "docs/metrics.md is stale: run `python scripts/gen_metrics_docs.py > docs/metrics.md`"
+    out = subprocess.run([sys.executable, str(GEN_METRICS_DOCS)], capture_output=True, text=True, check=True).stdout
     assert out == text
-    for cls in catalog.RULES:
+    assert subprocess.run([sys.executable, str(GEN_METRICS_DOCS), "--check"], capture_output=True).returncode == 0
+    for cls in rules.RULES:
         assert f"`{cls.name}`" in text
     for name in ("val/ratio", "frac_reward_zero_std", "rewards/{name}/mean", "objective/rlhf_reward"):
         assert f"`{name}`" in text
@@ -99,7 +105,7 @@ def test_health():
 
 
 def test_importing_the_catalog_stays_light():
-    code = "import sys, rllog, rllog.catalog; heavy = [m for m in ('torch', 'transformers', 'trl', 'wandb', 'mlflow', 'comet_ml', 'tensorboard', 'trackio', 'matplotlib', 'rich') if m in sys.modules]; print(heavy)"
+    code = "import sys, rllog, rllog.catalog, rllog.health; heavy = [m for m in ('torch', 'transformers', 'trl', 'wandb', 'mlflow', 'comet_ml', 'tensorboard', 'trackio', 'matplotlib', 'rich') if m in sys.modules]; print(heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
 
@@ -108,24 +114,24 @@ def test_importing_the_catalog_stays_light():
 
 
 def test_ratio_far_from_one():
-    rule = catalog.RatioFarFromOne()
+    rule = rules.RatioFarFromOne()
     drafts = feed(rule, const("val/ratio", 1.0, range(10)) + [(10, {"val/ratio": 1.35})])
     assert [(d.step, d.metric, d.value, d.rule, d.level) for d in drafts] == [(10, "val/ratio", 1.35, "ratio_far_from_one", "warning")]
     assert "1.35" in drafts[0].message and "1.0" in drafts[0].message
-    low = feed(catalog.RatioFarFromOne(), [(3, {"train/val/ratio": 0.7})])
+    low = feed(rules.RatioFarFromOne(), [(3, {"train/val/ratio": 0.7})])
     assert [(d.step, d.metric, d.value) for d in low] == [(3, "train/val/ratio", 0.7)]
     # must not fire: small wobble around 1, and GRPO runs (no val/ratio)
     wobble = [(s, {"val/ratio": 1.0 + 0.15 * math.sin(s)}) for s in range(200)]
-    assert feed(catalog.RatioFarFromOne(), wobble) == []
-    assert feed(catalog.RatioFarFromOne(), [(s, {"kl": 5.0, "clip_ratio/region_mean": 0.9}) for s in range(20)]) == []
+    assert feed(rules.RatioFarFromOne(), wobble) == []
+    assert feed(rules.RatioFarFromOne(), [(s, {"kl": 5.0, "clip_ratio/region_mean": 0.9}) for s in range(20)]) == []
 
 
 def test_cooldown_one_alert_per_cooldown_not_per_step():
-    rule = catalog.RatioFarFromOne()  # cooldown 50
+    rule = rules.RatioFarFromOne()  # cooldown 50
     drafts = feed(rule, const("val/ratio", 1.5, range(120)))
     assert [d.step for d in drafts] == [0, 50, 100]
     # per metric: another metric of the same rule has its own cooldown
-    rule = catalog.EntropyCollapse(cooldown=10)
+    rule = rules.EntropyCollapse(cooldown=10)
     series = [(s, {"entropy": 2.0, "objective/entropy": 3.0}) for s in range(5)]
     series += [(s, {"entropy": 0.1, "objective/entropy": 3.0 if s < 8 else 0.1}) for s in range(5, 30)]
     drafts = feed(rule, series)
@@ -134,101 +140,101 @@ def test_cooldown_one_alert_per_cooldown_not_per_step():
 
 def test_entropy_collapse():
     series = const("entropy", 2.0, range(5)) + const("entropy", 1.5, range(5, 10)) + [(10, {"entropy": 0.3})]
-    drafts = feed(catalog.EntropyCollapse(), series)
+    drafts = feed(rules.EntropyCollapse(), series)
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(10, "entropy", 0.3, "entropy_collapse")]
     assert "early level 2" in drafts[0].message
     # PPO's names, prefixed
     ppo = const("train/policy/entropy_avg", 1.0, range(5)) + [(5, {"train/policy/entropy_avg": 0.1})]
-    assert [(d.step, d.metric, d.value) for d in feed(catalog.EntropyCollapse(), ppo)] == [(5, "train/policy/entropy_avg", 0.1)]
+    assert [(d.step, d.metric, d.value) for d in feed(rules.EntropyCollapse(), ppo)] == [(5, "train/policy/entropy_avg", 0.1)]
     # must not fire: a gentle decline to 25% of the early level, or a low but stable entropy from the start
     decline = [(s, {"entropy": 2.0 - 1.5 * s / 199}) for s in range(200)]
-    assert feed(catalog.EntropyCollapse(), decline) == []
-    assert feed(catalog.EntropyCollapse(), const("entropy", 0.05, range(100))) == []
+    assert feed(rules.EntropyCollapse(), decline) == []
+    assert feed(rules.EntropyCollapse(), const("entropy", 0.05, range(100))) == []
     # a long collapse fires once per cooldown
     long = const("entropy", 2.0, range(5)) + const("entropy", 0.1, range(5, 205))
-    assert [d.step for d in feed(catalog.EntropyCollapse(), long)] == [5, 55, 105, 155]
+    assert [d.step for d in feed(rules.EntropyCollapse(), long)] == [5, 55, 105, 155]
 
 
 def test_truncated_completions_sustained():
     series = const("completions/clipped_ratio", 0.1, range(10)) + const("completions/clipped_ratio", 0.6, range(10, 13))
-    drafts = feed(catalog.TruncatedCompletions(), series)
+    drafts = feed(rules.TruncatedCompletions(), series)
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(12, "completions/clipped_ratio", 0.6, "truncated_completions")]
     # must not fire: isolated highs (the streak resets), two in a row, exactly at the threshold
     flicker = [(s, {"completions/clipped_ratio": 0.8 if s % 2 else 0.2}) for s in range(100)]
-    assert feed(catalog.TruncatedCompletions(), flicker) == []
+    assert feed(rules.TruncatedCompletions(), flicker) == []
     twice = [(s, {"completions/clipped_ratio": 0.9 if s % 3 else 0.1}) for s in range(100)]
-    assert feed(catalog.TruncatedCompletions(), twice) == []
-    assert feed(catalog.TruncatedCompletions(), const("completions/clipped_ratio", 0.5, range(50))) == []
+    assert feed(rules.TruncatedCompletions(), twice) == []
+    assert feed(rules.TruncatedCompletions(), const("completions/clipped_ratio", 0.5, range(50))) == []
     long = const("completions/clipped_ratio", 0.9, range(0, 300, 2))  # logged every 2 steps
-    assert [d.step for d in feed(catalog.TruncatedCompletions(), long)] == [4, 54, 104, 154, 204, 254]
+    assert [d.step for d in feed(rules.TruncatedCompletions(), long)] == [4, 54, 104, 154, 204, 254]
 
 
 def test_negative_kl():
     series = const("kl", 0.01, range(7)) + [(7, {"kl": -0.05})]
-    drafts = feed(catalog.NegativeKL(), series)
+    drafts = feed(rules.NegativeKL(), series)
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(7, "kl", -0.05, "kl_negative")]
-    assert [(d.step, d.metric) for d in feed(catalog.NegativeKL(), [(2, {"objective/kl": -3.0})])] == [(2, "objective/kl")]
+    assert [(d.step, d.metric) for d in feed(rules.NegativeKL(), [(2, {"objective/kl": -3.0})])] == [(2, "objective/kl")]
     # must not fire: estimator noise just below 0, and zero (policy == reference at the start)
-    assert feed(catalog.NegativeKL(), [(s, {"kl": -0.005 if s % 2 else 0.0}) for s in range(100)]) == []
+    assert feed(rules.NegativeKL(), [(s, {"kl": -0.005 if s % 2 else 0.0}) for s in range(100)]) == []
 
 
 def test_exploding_kl():
     series = const("kl", 0.02, range(5)) + const("kl", 0.1, range(5, 10)) + [(10, {"kl": 0.6})]
-    drafts = feed(catalog.ExplodingKL(), series)  # early level max(0.02, floor 0.05) = 0.05; 0.6 > 10 x 0.05
+    drafts = feed(rules.ExplodingKL(), series)  # early level max(0.02, floor 0.05) = 0.05; 0.6 > 10 x 0.05
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(10, "kl", 0.6, "kl_explosion")]
     assert "12x its early level" in drafts[0].message
     relative = const("objective/kl", 2.0, range(5)) + [(5, {"objective/kl": 25.0})]
-    assert [(d.step, d.value) for d in feed(catalog.ExplodingKL(), relative)] == [(5, 25.0)]
+    assert [(d.step, d.value) for d in feed(rules.ExplodingKL(), relative)] == [(5, 25.0)]
     ceiling = [(0, {"objective/kl": 150.0})]  # above the ceiling before any early level exists
-    assert [(d.step, d.metric, d.value) for d in feed(catalog.ExplodingKL(), ceiling)] == [(0, "objective/kl", 150.0)]
+    assert [(d.step, d.metric, d.value) for d in feed(rules.ExplodingKL(), ceiling)] == [(0, "objective/kl", 150.0)]
     # must not fire: a run starting at KL 0 that grows slowly (the floor keeps 0 from being the early level)
     slow = [(s, {"kl": 0.3 * s / 299}) for s in range(300)]
-    assert feed(catalog.ExplodingKL(), slow) == []
+    assert feed(rules.ExplodingKL(), slow) == []
     noisy = [(s, {"objective/kl": 3.0 + math.sin(s)}) for s in range(200)]
-    assert feed(catalog.ExplodingKL(), noisy) == []
+    assert feed(rules.ExplodingKL(), noisy) == []
 
 
 def test_non_finite_loss_or_reward_is_an_error():
     series = [(1, {"loss": 0.3, "reward": 0.2}), (2, {"loss": NAN, "reward": 0.2}), (3, {"rewards/accuracy/mean": INF}),
               (4, {"loss/value_avg": -INF}), (5, {"eval_loss": NAN}), (6, {"objective/rlhf_reward": NAN})]
-    drafts = feed(catalog.NonFinite(), series)
+    drafts = feed(rules.NonFinite(), series)
     assert [(d.step, d.metric, d.level) for d in drafts] == [
         (2, "loss", "error"), (3, "rewards/accuracy/mean", "error"), (4, "loss/value_avg", "error"),
         (5, "eval_loss", "error"), (6, "objective/rlhf_reward", "error")]
     assert math.isnan(drafts[0].value) and drafts[1].value == INF
     # must not fire: finite values, and NaN in metrics that are no loss or reward (grad_norm is inf on
     # fp16 overflow steps the scaler skips); the whole default monitor stays quiet on them too
-    assert feed(catalog.NonFinite(), [(s, {"loss": 0.1 * s, "reward": -1.0}) for s in range(50)]) == []
+    assert feed(rules.NonFinite(), [(s, {"loss": 0.1 * s, "reward": -1.0}) for s in range(50)]) == []
     assert feed(HealthMonitor(), [(s, {"grad_norm": INF, "entropy": NAN, "kl": NAN, "val/ratio": NAN}) for s in range(20)]) == []
     # a NaN loss every step fires once per cooldown
-    assert [d.step for d in feed(catalog.NonFinite(), const("loss", NAN, range(100)))] == [0, 50]
+    assert [d.step for d in feed(rules.NonFinite(), const("loss", NAN, range(100)))] == [0, 50]
 
 
 def test_value_loss_spike():
     base = [(s, {"loss/value_avg": 1.0 + 0.05 * math.sin(s * 1.7)}) for s in range(30)]
-    drafts = feed(catalog.ValueLossSpike(), base + [(30, {"loss/value_avg": 3.0})])
+    drafts = feed(rules.ValueLossSpike(), base + [(30, {"loss/value_avg": 3.0})])
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(30, "loss/value_avg", 3.0, "value_loss_spike")]
     # a spike over a constant history (MAD 0) fires through the ratio test
     flat = const("loss/value_avg", 0.5, range(10))
-    assert [(d.step, d.value) for d in feed(catalog.ValueLossSpike(), flat + [(10, {"loss/value_avg": 6.0})])] == [(10, 6.0)]
+    assert [(d.step, d.value) for d in feed(rules.ValueLossSpike(), flat + [(10, {"loss/value_avg": 6.0})])] == [(10, 6.0)]
     # must not fire: noise, a steady rise, a small step up from a constant history, too little history
-    assert feed(catalog.ValueLossSpike(), base + [(30, {"loss/value_avg": 1.1})]) == []
-    assert feed(catalog.ValueLossSpike(), [(s, {"loss/value_avg": 1.0 + 0.01 * s}) for s in range(200)]) == []
-    assert feed(catalog.ValueLossSpike(), flat + [(10, {"loss/value_avg": 0.6})]) == []
-    assert feed(catalog.ValueLossSpike(), [(0, {"loss/value_avg": 1.0}), (1, {"loss/value_avg": 50.0})]) == []
+    assert feed(rules.ValueLossSpike(), base + [(30, {"loss/value_avg": 1.1})]) == []
+    assert feed(rules.ValueLossSpike(), [(s, {"loss/value_avg": 1.0 + 0.01 * s}) for s in range(200)]) == []
+    assert feed(rules.ValueLossSpike(), flat + [(10, {"loss/value_avg": 0.6})]) == []
+    assert feed(rules.ValueLossSpike(), [(0, {"loss/value_avg": 1.0}), (1, {"loss/value_avg": 50.0})]) == []
     # a NaN value loss is the non_finite rule's, not a spike, and does not poison the window
-    assert feed(catalog.ValueLossSpike(), base + [(30, {"loss/value_avg": NAN}), (31, {"loss/value_avg": 1.02})]) == []
+    assert feed(rules.ValueLossSpike(), base + [(30, {"loss/value_avg": NAN}), (31, {"loss/value_avg": 1.02})]) == []
 
 
 def test_no_learning_signal():
     series = const("frac_reward_zero_std", 0.4, range(5)) + const("frac_reward_zero_std", 0.95, range(5, 7)) + [(7, {"frac_reward_zero_std": 1.0})]
-    drafts = feed(catalog.NoLearningSignal(), series)
+    drafts = feed(rules.NoLearningSignal(), series)
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(7, "frac_reward_zero_std", 1.0, "no_learning_signal")]
     assert "no learning signal" in drafts[0].message
     # must not fire: high but below 0.9, or near 1 only twice in a row
-    assert feed(catalog.NoLearningSignal(), const("frac_reward_zero_std", 0.85, range(100))) == []
+    assert feed(rules.NoLearningSignal(), const("frac_reward_zero_std", 0.85, range(100))) == []
     blips = [(s, {"frac_reward_zero_std": 1.0 if s % 3 else 0.5}) for s in range(100)]
-    assert feed(catalog.NoLearningSignal(), blips) == []
+    assert feed(rules.NoLearningSignal(), blips) == []
 
 
 # ---- the monitor: switching rules off, overriding parameters ----------------------------------------
@@ -240,7 +246,7 @@ def test_monitor_runs_every_rule_and_stays_quiet_on_a_healthy_run():
     healthy = [(s, {"reward": s / 100, "reward_std": 0.3, "kl": 0.001 * s / 10, "entropy": 1.0 - 0.002 * s, "completions/clipped_ratio": 0.05,
                     "frac_reward_zero_std": 0.3, "loss": 0.01, "grad_norm": 0.5, "clip_ratio/region_mean": 0.0}) for s in range(300)]
     assert feed(HealthMonitor(), healthy) == []
-    assert [r.name for r in HealthMonitor().rules] == [cls.name for cls in catalog.RULES]
+    assert [r.name for r in HealthMonitor().rules] == [cls.name for cls in rules.RULES]
     assert [d.rule for d in feed(HealthMonitor(), COLLAPSE)] == ["entropy_collapse"]
 
 

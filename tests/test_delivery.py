@@ -14,7 +14,8 @@ import pytest
 
 import rllog
 from rllog.cli import main as cli_main
-from rllog.delivery import CursorStore, RetryPolicy, parse_retry_after
+from rllog.delivery import CursorStore, RetryPolicy
+from rllog.sink_errors import parse_retry_after
 from rllog.errors import RateLimited, SinkBusy, TransientError
 from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
 
@@ -210,20 +211,52 @@ def test_every_sink_sees_the_same_step_for_a_record(tmp_path):
 
 
 def test_batch_that_fails_midway_is_resumed_without_repeating_what_was_delivered(tmp_path):
-    """Metrics of a batch go in one call, its tables after; a table the tracker rejects leaves the sink failed
-    with the batch's metrics remembered as delivered, so a replay sends the table and nothing twice."""
+    """Metrics of a batch go in one call, its tables after; a tracker that stays down for the table leaves the sink
+    given up with the batch's metrics remembered as delivered, so a replay sends the table and nothing twice."""
 
-    class TableRejectingSink(MemorySink):
+    class TableDownSink(MemorySink):
         def write_table(self, record):
-            raise ValueError("tables are not accepted")
+            raise TransientError("tables are down")
 
-    picky = TableRejectingSink("picky")
-    run = rllog.init(report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0)
+    picky = TableDownSink("picky")
+    run = rllog.init(report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3))
     run.log({"a": 1.0}, step=1)  # seq 1
     run.log_table("completions", {"x": [1]}, step=1)  # seq 2
     run.log({"a": 2.0}, step=2)  # seq 3
     report = run.finish(timeout=30)
     assert [r.seq for r in picky.metrics] == [1, 3]  # one batch: both metrics records in one call
+    assert report["picky"].state == "failed" and report["picky"].pending == 3  # metrics accepted but never flushed: not durable
+    saved = json.loads((tmp_path / "r" / "delivery" / "picky.json").read_text())
+    assert saved["seq"] == 0 and saved["state"] == "gave_up"
+
+    from rllog.delivery import Follower
+    from rllog.run import load_run_info
+
+    assert wait_until(lambda: not any(t.name == "rllog-follower-picky" for t in threading.enumerate()), timeout=30)
+    healthy = MemorySink("picky")
+    follower = Follower("picky", healthy, load_run_info(tmp_path / "r")[0], follow=False)
+    follower.start().join(30)
+    assert [r.seq for r in healthy.metrics] == [1, 3] and [t.seq for t in healthy.tables] == [2]
+    saved = json.loads((tmp_path / "r" / "delivery" / "picky.json").read_text())
+    assert saved["seq"] == 3 and saved["ahead"] == [] and saved["state"] == "closed"
+
+
+def test_durable_sink_resumes_past_what_it_holds(tmp_path):
+    """A sink whose writes are durable has its cursor moved right after each call: a replay after a failed table
+    sends the table alone."""
+
+    class DurableTableDown(MemorySink):
+        capabilities = rllog.Capabilities(tables=True, durable_writes=True)
+
+        def write_table(self, record):
+            raise TransientError("tables are down")
+
+    picky = DurableTableDown("picky")
+    run = rllog.init(report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3))
+    run.log({"a": 1.0}, step=1)
+    run.log_table("completions", {"x": [1]}, step=1)
+    run.log({"a": 2.0}, step=2)
+    report = run.finish(timeout=30)
     assert report["picky"].state == "failed" and report["picky"].delivered == 2 and report["picky"].pending == 1
     saved = json.loads((tmp_path / "r" / "delivery" / "picky.json").read_text())
     assert saved["seq"] == 1 and saved["ahead"] == [3]
@@ -238,3 +271,25 @@ def test_batch_that_fails_midway_is_resumed_without_repeating_what_was_delivered
     assert healthy.metrics == [] and [t.seq for t in healthy.tables] == [2]
     saved = json.loads((tmp_path / "r" / "delivery" / "picky.json").read_text())
     assert saved["seq"] == 3 and saved["ahead"] == [] and saved["state"] == "closed"
+
+
+def test_a_record_the_sink_rejects_goes_to_its_dead_letters_and_delivery_goes_on(tmp_path):
+    class PickySink(MemorySink):
+        def write_table(self, record):
+            if record.table.column("x").to_pylist() == [13]:
+                raise ValueError("cannot store 13")
+            super().write_table(record)
+
+    picky = PickySink("picky")
+    run = rllog.init(report_to=[picky, "parquet"], run_dir=tmp_path / "r", flush_interval=0.05)
+    for i in range(20):
+        run.log({"a": float(i)}, step=i)
+        run.log_table("t", {"x": [i]}, step=i)
+    report = run.finish(timeout=30)
+    assert [t.table.column("x").to_pylist()[0] for t in picky.tables] == [i for i in range(20) if i != 13]
+    assert [r.values["a"] for r in picky.metrics] == [float(i) for i in range(20)]
+    sink = report["picky"]
+    assert (sink.state, sink.delivered, sink.pending, sink.dead_letters) == ("delivered", 39, 0, 1)
+    assert sink.dead_letter_list[0]["step"] == 13 and "cannot store 13" in sink.dead_letter_list[0]["error"]
+    assert not report.ok and report["parquet"].delivered == 40
+    assert "1 dead-lettered" in str(report)

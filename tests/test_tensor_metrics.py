@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 
 import rllog  # noqa: E402
 from rllog import journal  # noqa: E402
+from rllog.errors import InvalidValue  # noqa: E402
 
 CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
 
@@ -77,3 +78,39 @@ def test_mixed_dtypes_and_shapes_are_converted_exactly(tmp_path):
     records = [r for r in journal.read_all(tmp_path / "r") if isinstance(r, rllog.MetricsRecord)]
     assert records[0].values == {"count": 123456789.0, "loss": 0.5, "f32": float(torch.tensor(0.1, dtype=torch.float32)), "grad": 6.0}
     assert records[1].values == {"a": 7.0, "b": 8.0}
+
+
+def test_a_meta_tensor_is_refused_at_the_call_and_every_other_record_is_delivered(tmp_path):
+    """A meta tensor stacks fine but has no data: once it blocked the journal writer and 990 records were lost."""
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=0.05, health=False)
+    run.log({"loss": torch.tensor(0.5)}, step=0)
+    with pytest.raises(InvalidValue, match=r"'bad'.*'meta' device"):
+        run.log({"ok": torch.tensor(1.0), "bad": torch.empty((), device="meta")}, step=1)
+    with pytest.raises(InvalidValue, match=r"'bad'.*'meta' device"):
+        run.log({"bad": torch.tensor([2.0], device="meta")}, step=1)
+    for step in range(2, 200):
+        run.log({"loss": torch.tensor(float(step))}, step=step)
+    assert run.finish().ok
+    metrics = rllog.read_metrics(tmp_path / "r")
+    assert metrics.column("key").to_pylist() == ["loss"] * 199  # nothing of the refused calls, nothing after them lost
+    assert metrics.column("value").to_pylist() == [0.5] + [float(s) for s in range(2, 200)]
+
+
+UNREADABLE = {
+    "sparse": (lambda: torch.tensor([1.0]).to_sparse(), "layout torch.sparse_coo"),
+    "quantized": (lambda: torch.quantize_per_tensor(torch.tensor([1.0]), 0.1, 0, torch.qint8), "quantized"),
+}
+
+
+@pytest.mark.parametrize("kind", UNREADABLE)
+def test_tensors_that_cannot_become_one_float_are_refused_at_the_call(tmp_path, kind):
+    make, match = UNREADABLE[kind]
+    run = rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=30.0)
+    with pytest.raises(InvalidValue, match=match):
+        run.log({"ok": torch.tensor(1.0), "bad": make()}, step=0)
+    with pytest.raises(InvalidValue, match=match):
+        run.log({"bad": make()}, step=0)
+    run.log({"x": torch.tensor(2.0)}, step=1)
+    run.finish()
+    records = [r for r in journal.read_all(tmp_path / "r") if isinstance(r, rllog.MetricsRecord)]
+    assert [(r.step, dict(r.values)) for r in records] == [(1, {"x": 2.0})]

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("trl")
 
 import rllog  # noqa: E402
-from rllog.demo import build_tiny_model, make_grpo_trainer  # noqa: E402
+from tiny_grpo import PROMPTS, build_tiny_model, make_grpo_trainer, reward_has_digit  # noqa: E402
 
 GRPO_KEYS = {
     "loss", "grad_norm", "learning_rate", "num_tokens", "completions/mean_length", "completions/min_length",
@@ -101,7 +101,6 @@ def test_callback_flattens_nested_values_whether_or_not_another_value_is_text(tm
 def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model, tmp_path):
     from datasets import Dataset
 
-    from rllog.demo import PROMPTS
     from rllog.integrations.trl import RLLogCompletionsCallback
 
     def reward_logging_itself(completions, **kwargs):
@@ -155,7 +154,7 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
 
 TORCHRUN_GRPO = r'''
 import json, os, sys
-from rllog.demo import make_grpo_trainer
+from tiny_grpo import make_grpo_trainer
 model_dir, out, results = sys.argv[1], sys.argv[2], sys.argv[3]
 trainer = make_grpo_trainer(model_dir, os.path.join(out, "trainer"), steps=2, report_to=["parquet", "tensorboard"],
                             rllog_options={"run_dir": os.path.join(out, "run"), "health": False})
@@ -177,7 +176,9 @@ def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path
     script.write_text(TORCHRUN_GRPO)
     out, results_dir = tmp_path / "out", tmp_path / "results"
     results_dir.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    pythonpath = os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])  # the script imports tiny_grpo
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": pythonpath}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), tiny_model, str(out),
                            str(results_dir)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
@@ -199,7 +200,6 @@ def test_rloo_with_mixin(tiny_model, tmp_path):
     from datasets import Dataset
     from trl import RLOOConfig, RLOOTrainer
 
-    from rllog.demo import PROMPTS, reward_has_digit
     from rllog.integrations.trl import RLLogMixin
 
     class Trainer(RLLogMixin, RLOOTrainer):

@@ -1,15 +1,36 @@
 """Read each tracker's own storage back, for tests that prove the data arrived.
 
-Each backend has ``tests/readers/<backend>.py`` with ``read_back(env, run_info) -> ReadBack``, where
-``env`` is the ``tracker_dirs`` fixture's dict (tracker storage paths) and ``run_info`` the run's
-:class:`rllog.records.RunInfo`.
+Each backend has ``tests/readers/<backend>.py``; adding one puts the backend in the contract suite
+(``tests/test_backend_contract.py``). A reader module has:
+
+- ``read_back(env, run_info) -> ReadBack`` (required), where ``env`` is the ``tracker_dirs``
+  fixture's dict (tracker storage paths) and ``run_info`` the run's :class:`rllog.records.RunInfo`.
+
+and, where the tracker differs from "stores what it was given" (the defaults), any of:
+
+- ``OPTIONS``: the sink's options in the suite (``registry.create(backend, OPTIONS)``).
+- ``prepare(monkeypatch, env)``: per-test set-up of the tracker's storage under ``env``.
+- ``stored(value)``: a metric value (NaN and ±inf included) as the tracker gives it back.
+- ``cell(value)``: a table cell as the tracker gives it back.
+- ``config_value(value)``: a config value as the tracker gives it back.
+- ``alert_level(level)``: an alert's level ("warning" / "error") as the tracker stores it.
+- ``run_ids(env, run_info) -> set``: the tracker runs in ``env``'s storage (resuming must not add one).
+- ``break_next_write(monkeypatch, sink)``: arm a one-shot fault in the tracker's own write path that
+  fires after the tracker took part of the next ``write_metrics`` (or its flush), the way the tracker
+  fails (its own exception, or the OS's ``ENOSPC``).
+- ``DISK_FULL_SKIP``: why a full disk cannot be tested through the sink's calls (the tracker writes
+  in its own process); unset where it can.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+BACKENDS = sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem != "__init__")
 
 
 @dataclass
@@ -31,5 +52,31 @@ class ReadBack:
     alerts: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+DEFAULTS: dict[str, Any] = {
+    "OPTIONS": {},
+    "prepare": lambda monkeypatch, env: None,
+    "stored": _same,
+    "cell": _same,
+    "config_value": _same,
+    "alert_level": _same,
+    "run_ids": None,
+    "break_next_write": None,
+    "DISK_FULL_SKIP": None,
+}
+
+
+def reader(backend: str) -> ModuleType:
+    return importlib.import_module(f"readers.{backend}")
+
+
+def hook(backend: str, name: str) -> Any:
+    """The reader's ``name`` (see above), or its default."""
+    return getattr(reader(backend), name, DEFAULTS[name])
+
+
 def read_back(backend: str, env: dict, run_info) -> ReadBack:
-    return importlib.import_module(f"readers.{backend}").read_back(env, run_info)
+    return reader(backend).read_back(env, run_info)

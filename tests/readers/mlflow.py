@@ -8,9 +8,13 @@ params (strings, as MLflow stores them), status from the run's status.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
+import math
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -63,3 +67,61 @@ def read_back(env: dict, run_info, experiment_name: str | None = None) -> ReadBa
         config=dict(run.data.params),
         status=_STATUS.get(run.info.status),
     )
+
+
+# -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
+MAX_DOUBLE = 1.7976931348623157e308
+
+
+@functools.cache
+def migrated_db() -> Path:
+    """An MLflow sqlite database with its schema migrated, made once per test process (migrating takes seconds)."""
+    from mlflow import MlflowClient
+
+    path = Path(tempfile.mkdtemp(prefix="rllog-mlflow-template-")) / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    atexit.register(shutil.rmtree, path.parent, ignore_errors=True)
+    return path
+
+
+def prepare(monkeypatch, env) -> None:
+    """A migrated copy of the database where ``env["MLFLOW_TRACKING_URI"]`` points."""
+    shutil.copy(migrated_db(), env["MLFLOW_TRACKING_URI"][len("sqlite:///"):])
+
+
+def stored(value: float) -> float:
+    """SQL has no infinity: MLflow stores ±inf as the largest double."""
+    return math.copysign(MAX_DOUBLE, value) if math.isinf(value) else value
+
+
+def cell(value):
+    """Table cells are JSON the way pandas writes it: NaN and ±inf become null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def config_value(value) -> str:
+    return str(value)  # MLflow params are strings
+
+
+def run_ids(env: dict, run_info) -> set[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name(run_info.project)
+    return {r.info.run_id for r in client.search_runs([experiment.experiment_id])} if experiment else set()
+
+
+def break_next_write(monkeypatch, sink) -> None:
+    """The next ``log_batch`` commits, then fails as a locked database does (the acknowledgement is lost)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+
+    real, fired = sink._client.log_batch, []
+
+    def log_batch(*args, **kwargs):
+        real(*args, **kwargs)
+        if not fired:
+            fired.append(True)
+            raise MlflowException("(sqlite3.OperationalError) database is locked", error_code=TEMPORARILY_UNAVAILABLE)
+
+    monkeypatch.setattr(sink._client, "log_batch", log_batch)

@@ -104,3 +104,46 @@ def pin_trackio_dir(monkeypatch, path) -> None:
         monkeypatch.setattr(module, "TRACKIO_DIR", path, raising=False)
     for module in (trackio.utils, trackio.run, trackio.table, trackio.media.media):
         monkeypatch.setattr(module, "MEDIA_DIR", path / "media", raising=False)
+
+
+# -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
+def prepare(monkeypatch, env) -> None:
+    pin_trackio_dir(monkeypatch, env["TRACKIO_DIR"])
+    monkeypatch.delenv("TRACKIO_STORAGE_MODE", raising=False)
+
+
+def cell(value):
+    """trackio keeps NaN/inf cells as its JSON strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def alert_level(level: str) -> str:
+    return "error" if level == "error" else "warn"
+
+
+def run_ids(env: dict, run_info) -> set[str]:
+    path = db_path(env, run_info.project)
+    if not path.exists():
+        return set()
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM metrics")} | {r[0] for r in conn.execute("SELECT run_id FROM configs")}
+    finally:
+        conn.close()
+
+
+def break_next_write(monkeypatch, sink) -> None:
+    """The next storage write commits, then fails with "database is locked" (the acknowledgement is lost)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    real, fired = SQLiteStorage.bulk_log, []
+
+    def bulk_log(*args, **kwargs):
+        real(*args, **kwargs)
+        if not fired:
+            fired.append(True)
+            raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(SQLiteStorage, "bulk_log", staticmethod(bulk_log))

@@ -155,3 +155,33 @@ def read_back(env: dict, run_info) -> ReadBack:
     for path in files:
         read_file(path, out)
     return out
+
+
+# -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
+OPTIONS = {"settings": {"x_disable_stats": True}}  # no system-metrics sampler: a quicker init, nothing else changes
+DISK_FULL_SKIP = ("wandb writes its transaction log in its own service process: on a full disk it drops records with only a line in "
+                  "debug-internal.log, so no call of the sink fails (docs/backends.md)")
+
+
+def alert_level(level: str) -> str:
+    return "ERROR" if level == "error" else "WARN"  # wandb.AlertLevel
+
+
+def run_ids(env: dict, run_info) -> set[str]:
+    """Every wandb run id with a transaction log under ``WANDB_DIR``."""
+    return {p.stem[len("run-"):] for p in (Path(env["WANDB_DIR"]) / "wandb").glob("*run-*/run-*.wandb")}
+
+
+def break_next_write(monkeypatch, sink) -> None:
+    """The 2nd ``run.log`` of the next call fails with wandb's own HTTP 503, after the 1st was logged."""
+    from wandb.errors import CommError
+
+    real_log, calls = sink.run.log, []
+
+    def log(row, *args, **kwargs):
+        calls.append(row)
+        if len(calls) == 2:
+            raise CommError("HTTP 503: Service Unavailable")
+        return real_log(row, *args, **kwargs)
+
+    monkeypatch.setattr(sink.run, "log", log)

@@ -1,0 +1,195 @@
+"""The run directory: its files, how a run claims one, and the delivery report read from it.
+
+Layout of ``RUN_DIR``::
+
+    run.json               RunFile: what the run is and which sinks the agent serves (no secrets)
+    journal/*.rlj          the journal (rllog.journal)
+    delivery/<sink>.json   each sink's cursor (rllog.delivery.CursorStore)
+    delivery/<sink>.lock   held by whoever delivers to that sink now
+    agent.log              the delivery agent's own log
+    parquet/ ...           file-based sinks write below the run directory
+
+Everything that reads or writes these files lives here or in the module named beside the file, so
+the formats have one owner each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rllog import journal
+from rllog.delivery import CursorStore, SinkState
+from rllog.errors import RunDirError
+from rllog.records import RunInfo
+
+RUN_FILE = "run.json"
+AGENT_LOG = "agent.log"
+
+
+@dataclass
+class SinkSpec:
+    """A sink the agent builds by name: ``registry.create(name, options)``."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunFile:
+    """``RUN_DIR/run.json``: the run's identity and what the delivery agent needs (secrets redacted)."""
+
+    project: str
+    name: str
+    run_id: str
+    config: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    flush_interval: float = 1.0
+    retry: dict[str, Any] = field(default_factory=dict)
+    sinks: list[SinkSpec] = field(default_factory=list)
+    pid: int | None = None
+    started: float | None = None
+
+    def run_info(self, run_dir: str | os.PathLike) -> RunInfo:
+        return RunInfo(self.project, self.name, str(Path(run_dir).resolve()), self.run_id, self.config, tuple(self.tags))
+
+    def write(self, run_dir: str | os.PathLike) -> None:
+        path = Path(run_dir) / RUN_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1, default=str))
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike) -> "RunFile":
+        data = json.loads((Path(run_dir) / RUN_FILE).read_text())
+        data["sinks"] = [SinkSpec(s["name"], s.get("options") or {}) for s in data.get("sinks", [])]
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def load_run_info(run_dir: str | os.PathLike) -> tuple[RunInfo, RunFile]:
+    """The RunInfo and the run file of an existing run directory."""
+    run_file = RunFile.read(run_dir)
+    return run_file.run_info(run_dir), run_file
+
+
+def default_run_dir(name: str | None, run_id: str) -> Path:
+    """``$RLLOG_DIR`` (or ``rllog_runs``) ``/<YYYYmmdd-HHMMSS>-<name>-<run_id>``, or ``-<run_id>`` alone without a name."""
+    base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return base / (f"{stamp}-{name}-{run_id}" if name else f"{stamp}-{run_id}")
+
+
+def claim(run_dir: Path) -> Path:
+    """Make ``run_dir`` this run's, atomically: of two runs claiming one directory, exactly one wins.
+
+    Raises:
+        RunDirError: the directory holds a run already (or another run claimed it first), or cannot be created.
+    """
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.mkdir(journal.journal_dir(run_dir))  # atomic: exactly one of two concurrent claims succeeds
+    except FileExistsError:
+        raise RunDirError(f"{run_dir} already holds a run; use a new run_dir (or `rllog replay` to deliver it again)") from None
+    except OSError as exc:
+        raise RunDirError(f"cannot create the run directory {run_dir}: {exc}") from exc
+    return run_dir.resolve()
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+DELIVERED, PENDING, FAILED = "delivered", "pending", "failed"  # a sink's state in a report
+
+
+@dataclass(frozen=True)
+class SinkReport:
+    """How far one sink got.
+
+    Attributes:
+        state: ``delivered`` (everything, and the sink closed), ``pending`` (records not yet durable in the
+            sink; ``rllog replay`` delivers them) or ``failed`` (the sink failed; its records are pending).
+        delivered: records durable in the sink.
+        pending: records in the journal (or never written to it) that the sink does not hold.
+        dead_letters: records the sink rejected for good (see ``dead_letter_list``).
+    """
+
+    name: str
+    state: str
+    delivered: int
+    pending: int
+    error: str | None = None
+    dead_letters: int = 0
+    dead_letter_list: tuple[dict, ...] = ()
+
+    def __str__(self) -> str:
+        text = f"{self.name}: {self.state} ({self.delivered} delivered, {self.pending} pending"
+        if self.dead_letters:
+            first = self.dead_letter_list[0] if self.dead_letter_list else {}
+            text += f", {self.dead_letters} dead-lettered, first: seq {first.get('seq')} step {first.get('step')}: {first.get('error')}"
+        return text + ")" + (f": {self.error}" if self.error else "")
+
+
+class FinishReport(dict):
+    """``Run.finish``'s result: sink name -> :class:`SinkReport`; ``ok`` when every sink holds every record.
+
+    Attributes:
+        records: records logged (readable in the journal, plus any the journal could not take).
+        unwritten: records the journal writer still held when it had to give up (a disk full until the
+            deadline); they are lost, and counted pending for every sink.
+        journal_damage: what readers skipped in the journal (damaged bytes, torn tails).
+        notes: run-level facts a user must see (the agent kept dying, the disk was full, ...).
+    """
+
+    def __init__(self, *args: Any, records: int = 0, unwritten: int = 0, journal_damage: journal.Damage | None = None, notes: list[str] | None = None):
+        super().__init__(*args)
+        self.records = records
+        self.unwritten = unwritten
+        self.journal_damage = journal_damage or journal.Damage()
+        self.notes = notes or []
+
+    @property
+    def ok(self) -> bool:
+        return not self.unwritten and all(r.state == DELIVERED and not r.dead_letters for r in self.values())
+
+    def __str__(self) -> str:
+        lines = [str(r) for r in self.values()] or ["no sinks"]
+        if self.journal_damage:
+            lines.append(f"journal: {self.journal_damage.describe()}")
+        return "\n".join(lines + self.notes)
+
+
+def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None, *, unwritten: int = 0, notes: list[str] | None = None,
+           cause: str | None = None) -> FinishReport:
+    """Delivery state of every sink of ``run_dir``, from the journal (every frame verified) and the cursors.
+
+    Args:
+        unwritten: records the journal writer could not write (they count as pending everywhere).
+        notes: run-level facts to show with the report.
+        cause: why delivery stopped, when the sinks' own cursors do not say (e.g. the agent kept dying);
+            shown for pending sinks instead of the generic deadline message.
+    """
+    run_dir = Path(run_dir)
+    scan = journal.scan(run_dir)
+    total = scan.records + unwritten
+    if sink_names is None:
+        sink_names = CursorStore.names(run_dir)
+    result = FinishReport(records=total, unwritten=unwritten, journal_damage=scan.damage, notes=list(notes or []))
+    for name in sink_names:
+        cursor = CursorStore(run_dir, name).load()
+        dead = cursor.dead_letter_count
+        delivered = max(0, scan.count_upto(cursor.seq) + len(cursor.ahead) - dead)
+        pending = max(0, total - delivered - dead)
+        if cursor.state in SinkState.BROKEN:
+            state = FAILED
+        elif pending == 0 and cursor.state == SinkState.CLOSED:
+            state = DELIVERED
+        else:
+            state = PENDING
+        error = cursor.error
+        if error is None and state == PENDING:
+            error = cause or "not delivered before the deadline; run `rllog replay`"
+        result[name] = SinkReport(name, state, delivered, pending, error, dead, tuple(cursor.dead_letters))
+    return result

@@ -1,0 +1,61 @@
+"""Test fixtures for TRL: a GRPOTrainer with the rllog mixin on the tiny model, and reward functions whose outputs tests check.
+
+The tiny model (and the prompts its tokenizer is trained on) is the demo's, :func:`rllog.demo.build_tiny_model`: one copy,
+in the package, because ``rllog demo`` needs it. The trainer settings and reward functions here are the tests' own, so
+changing the demo cannot change what a test asserts (batch of 4 completions, the ``digits/fraction`` metric, the
+``n_chars`` column...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rllog.demo import PROMPTS, build_tiny_model
+
+__all__ = ["PROMPTS", "build_tiny_model", "make_grpo_trainer", "reward_has_digit", "reward_short"]
+
+
+def _texts(completions: list) -> list[str]:
+    """Completion texts, whether TRL passes plain strings or conversations."""
+    return [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+
+
+def reward_has_digit(completions, log_metric=None, log_extra=None, **kwargs) -> list[float]:
+    """1.0 for a completion with a digit in it; logs ``digits/fraction`` and an ``n_chars`` column through the mixin."""
+    texts = _texts(completions)
+    rewards = [1.0 if any(ch.isdigit() for ch in t) else 0.0 for t in texts]
+    if log_metric is not None:
+        log_metric("digits/fraction", sum(rewards) / len(rewards))
+    if log_extra is not None:
+        log_extra("n_chars", [len(t) for t in texts])
+    return rewards
+
+
+def reward_short(completions, **kwargs) -> list[float]:
+    """Prefers short completions."""
+    return [1.0 / (1.0 + len(t)) for t in _texts(completions)]
+
+
+def make_grpo_trainer(
+    model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, **config_overrides: Any
+):
+    """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only.
+
+    4 completions a step, logged every step, rewarded by :func:`reward_has_digit` and :func:`reward_short`;
+    ``config_overrides`` go to ``GRPOConfig``.
+    """
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rllog.integrations.trl import RLLogMixin
+
+    class Trainer(RLLogMixin, GRPOTrainer):
+        pass
+
+    settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4,
+                    max_completion_length=8, max_steps=steps, logging_steps=1, report_to=report_to, log_completions=True,
+                    num_completions_to_print=0, beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False,
+                    dataloader_num_workers=0)
+    settings.update(config_overrides)
+    return Trainer(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings),
+                   train_dataset=Dataset.from_dict({"prompt": PROMPTS}), rllog_options=rllog_options)
