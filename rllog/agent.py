@@ -297,7 +297,13 @@ def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | 
             retry=RetryPolicy(**run_file.retry),
             on_progress=(lambda seq, name=spec.name: on_progress(name, seq)) if on_progress else None,
         )
-        followers.append(follower.start())
+        try:
+            followers.append(follower.start())
+        except Exception:  # SinkBusy: someone else delivers this sink; stop what was started and say so
+            for started in followers:
+                started.stop()
+                started.join(5)
+            raise
     orphaned_at = None
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:

@@ -62,11 +62,16 @@ def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
     _print_alerts(s.alerts)
     for name, (n, rows) in sorted(s.tables.items()):
         console.print(f"table [bold]{escape(name)}[/bold]: logged {n} times, {rows} rows")
-    for r in report(run_dir).values():
+    delivery = report(run_dir)
+    for r in delivery.values():
         colour = {DELIVERED: "green", PENDING: "yellow", FAILED: "red"}[r.state]
         error = ": " + escape(r.error) if r.error else ""
-        counts = f"({r.delivered} delivered, {r.pending} pending)"
+        counts = f"({r.delivered} delivered, {r.pending} pending" + (f", {r.dead_letters} dead-lettered" if r.dead_letters else "") + ")"
         console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] {counts}{error}")
+        for letter in r.dead_letter_list[:10]:
+            console.print(f"  [red]dead letter[/red] seq {letter['seq']} step {letter['step']} ({letter['kind']}): {escape(str(letter['error']))}")
+    if delivery.journal_damage:
+        console.print(f"[red]journal:[/red] {delivery.journal_damage.describe()}")
 
 
 def _print_metrics(s: RunSummary) -> None:
@@ -116,27 +121,38 @@ def cmd_plot(args) -> int:
     return 0
 
 
+EXIT_BUSY = 75  # EX_TEMPFAIL: another process is delivering to that sink of that run; try again later
+
+
 def cmd_replay(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from rllog import journal
     from rllog.agent import serve
+    from rllog.errors import SinkBusy
     from rllog.registry import resolve
     from rllog.rundir import report
 
-    names = [resolve(n).name if n.lower() not in {"parquet"} else n for n in args.to.split(",") if n.strip()]
-    total = journal.last_seq(args.run_dir)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console) as progress:
-        tasks = {n: progress.add_task(f"replay to {n}", total=total) for n in names}
-        before = report(args.run_dir, names)
-        for n in names:
-            progress.update(tasks[n], completed=before[n].delivered)
-        failed = serve(args.run_dir, follow=False, parent_pid=None, only=names, on_progress=lambda n, seq: progress.update(tasks[n], completed=seq))
+    names = [resolve(n).name for n in args.to.split(",") if n.strip()]
+    before = report(args.run_dir, names)
+    total = before.records
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console) as progress:
+            tasks = {n: progress.add_task(f"replay to {n}", total=total, completed=before[n].delivered) for n in names}
+            failed = serve(args.run_dir, follow=False, parent_pid=None, only=names,
+                           on_progress=lambda n, seq: progress.update(tasks[n], completed=min(total, seq)))
+    except SinkBusy as exc:
+        console.print(f"[red]rllog replay: another process is already delivering this run ({exc}); "
+                      f"wait for it to end (a live run's agent, or another replay) and try again[/red]")
+        return EXIT_BUSY
     after = report(args.run_dir, names)
     for n in names:
         r = after[n]
         sent = r.delivered - before[n].delivered
         console.print(f"{n}: delivered {sent} new records ({r.delivered}/{total} in all), state {r.state}{': ' + r.error if r.error else ''}")
+        if r.dead_letters:
+            console.print(f"  {r.dead_letters} dead-lettered records: {r.dead_letter_list[:3]}")
+    if after.journal_damage:
+        console.print(f"journal: {after.journal_damage.describe()}")
     return 1 if failed else 0
 
 

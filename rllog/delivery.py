@@ -451,8 +451,11 @@ class Follower:
                 self.cursor.save(self.saved)
                 return
             except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT) or self._stop.is_set():
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
+                if self._stop.is_set():  # told to stop: the last saved cursor stands (a replay re-sends from it)
+                    log.error("rllog: sink %r: cursor not saved (%s); it stays at seq %d", self.name, exc, self.cursor.load().seq)
+                    return
                 if not warned:
                     log.error("rllog: sink %r: cannot save its cursor (%s); retrying until the disk has room", self.name, exc)
                     warned = True

@@ -476,6 +476,8 @@ class JournalReader:
             stop = self._read_segment(out, max_records)
             if stop == "more":
                 continue
+            if stop == "done":  # out is full; the rest of the segment is for the next call
+                break
             # the end of what this segment holds now: finished, torn, damaged, or still being written
             size = os.fstat(self._fd).st_size
             later = self._later_segment_exists()

@@ -4,11 +4,11 @@ The delivery layer retries a call that raised :class:`rllog.errors.RateLimited` 
 :class:`rllog.errors.TransientError` and treats anything else as permanent. A sink wraps its tracker
 calls in :func:`map_errors`, which decides by the exception and everything it wraps:
 
+- a full disk or quota (``ENOSPC``, ``EDQUOT``, SQLite's ``SQLITE_FULL`` and the write errors a full
+  disk causes) -> ``TransientError``: the call is repeated until space returns, nothing is dropped;
+- what the sink's own ``classify`` says (a tracker's error codes);
 - an HTTP 429 -> ``RateLimited``, with the seconds of a ``Retry-After`` header when a response says;
 - an HTTP 5xx or 408 -> ``TransientError``; any other HTTP status -> unchanged (permanent);
-- a full disk or quota (``ENOSPC``, ``EDQUOT``, SQLite's ``SQLITE_FULL`` and the write errors a full
-  disk causes) -> ``TransientError``:
-  the call is repeated until space returns, nothing is dropped;
 - an exception of a type the sink names as ``permanent`` -> unchanged;
 - a connection error or timeout (Python's own, and those of ``requests``, ``urllib3`` and ``httpx``),
   or a type the sink names as ``transient`` -> ``TransientError``;
@@ -201,8 +201,8 @@ def retry_error(
         transient: the tracker's own exception types worth a retry (anywhere in the chain).
         permanent: the tracker's own exception types never worth a retry (unless the disk is full), even
             if they are subclasses of a ``transient`` type (e.g. wandb's ``AuthenticationError``, a ``CommError``).
-        classify: asked first; a tracker's special cases (an error code, a message). Returns the
-            error to raise, or None to go on with the rules.
+        classify: asked first after a full disk; a tracker's special cases (an error code, a message).
+            Returns the error to raise, or None to go on with the rules.
         status_patterns: regexes finding an HTTP status in a message (group 1) when no response has one.
         retry_after_headers: response headers giving the wait of a 429, first parsable wins.
         wrapped: attribute names under which the tracker's exceptions keep the one they wrap.
@@ -210,6 +210,8 @@ def retry_error(
     if isinstance(exc, TransientError):
         return exc
     prefix = f"{tracker}: " if tracker else ""
+    if is_disk_full(exc, wrapped):
+        return TransientError(f"{prefix}disk full, retrying until there is room: {exc}")
     if classify is not None:
         special = classify(exc)
         if special is not None:
@@ -220,8 +222,6 @@ def retry_error(
         return RateLimited(seconds, message=f"{prefix}HTTP 429: {exc}")
     if status is not None:
         return TransientError(f"{prefix}HTTP {status}: {exc}") if status >= 500 or status == 408 else None
-    if is_disk_full(exc, wrapped):
-        return TransientError(f"{prefix}disk full, retrying until there is room: {exc}")
     chain = exception_chain(exc, wrapped)
     if permanent and any(isinstance(e, permanent) for e in chain):
         return None

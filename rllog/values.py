@@ -79,8 +79,10 @@ def flatten(values: Mapping[str, Any], prefix: str = "", into: dict[str, Any] | 
         if type(value) is dict or (type(value) not in _SCALARS and isinstance(value, Mapping)):
             flatten(value, name + "/", flat)
         elif name in flat:
-            raise InvalidKey(f"metric {name!r} is given twice once nested dicts are flattened with '/' (e.g. {{'a/b': 1, 'a': {{'b': 2}}}}); "
-                             "log it under one name")
+            raise InvalidKey(
+                f"metric {name!r} is given twice once nested dicts are flattened with '/' (e.g. {{'a/b': 1, 'a': {{'b': 2}}}}); "
+                "log it under one name"
+            )
         else:
             flat[name] = value
     return flat
@@ -113,8 +115,12 @@ def to_scalar(key: str, value: Any) -> Any:
     if cls.__module__ == "numpy":  # np.bool_, 0-d arrays
         if getattr(value, "size", None) == 1 and getattr(value, "dtype", None) is not None and value.dtype.kind in "biuf":
             return float(value.item())
-        raise InvalidValue(f"metric {key!r}: numpy value of shape {getattr(value, 'shape', '?')} and dtype {getattr(value, 'dtype', '?')} is not one real number")
-    raise InvalidValue(f"metric {key!r}: expected a real number (int, float, bool, numpy or 0-d torch scalar), got {cls.__name__}: {value!r:.80}")
+        raise InvalidValue(
+            f"metric {key!r}: numpy value of shape {getattr(value, 'shape', '?')} and dtype {getattr(value, 'dtype', '?')} is not one real number"
+        )
+    raise InvalidValue(
+        f"metric {key!r}: expected a real number (int, float, bool, numpy or 0-d torch scalar), got {cls.__name__}: {value!r:.80}"
+    )
 
 
 def _unreadable(tensor: Any) -> str:
@@ -159,7 +165,8 @@ def stack_scalars(tensors: list) -> Any:
     as possible (one ``stack`` in the common case rather than a few small ops per tensor)."""
     torch = sys.modules["torch"]
     with torch.no_grad():
-        if len({t.dtype for t in tensors}) == 1:  # the common case; mixed dtypes would be promoted to a lossy common one (int64 + bf16 -> bf16)
+        # The common case; mixed dtypes would be promoted to a lossy common one (int64 + bf16 -> bf16).
+        if len({t.dtype for t in tensors}) == 1:
             try:
                 return torch.stack(tensors).reshape(-1).to(torch.float64)
             except RuntimeError:  # mixed shapes ((), (1,), ...) or devices
@@ -168,9 +175,11 @@ def stack_scalars(tensors: list) -> Any:
         device = next((t.device for t in tensors if t.device.type != "cpu"), tensors[0].device)
         try:
             return torch.stack([t.reshape(()).to(device, torch.float64, non_blocking=True) for t in tensors])
-        except (RuntimeError, NotImplementedError, TypeError) as exc:  # sparse, quantized, nested...: vetted here, off the hot path
+        except (RuntimeError, NotImplementedError, TypeError) as exc:  # sparse, quantized, nested: vetted off the hot path
             kinds = sorted({_unreadable(t) for t in tensors if t.layout is not torch.strided or t.is_quantized or t.is_nested})
-            raise InvalidValue(f"tensor metrics must be dense, unquantized tensors (log value.item() instead); got {', '.join(kinds) or exc}") from exc
+            raise InvalidValue(
+                f"tensor metrics must be dense, unquantized tensors (log value.item() instead); got {', '.join(kinds) or exc}"
+            ) from exc
 
 
 def to_arrow_table(name: str, table: Any) -> pa.Table:
@@ -199,13 +208,17 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
         elif type(table).__name__ == "DataFrame" and hasattr(table, "to_dict"):
             result = pa.Table.from_pandas(table, preserve_index=False)
         else:
-            raise InvalidTable(f"table {name!r}: expected a dict of columns, a list of row dicts, a pyarrow.Table or a pandas DataFrame, got {type(table).__name__}")
+            raise InvalidTable(
+                f"table {name!r}: expected a dict of columns, a list of row dicts, a pyarrow.Table or a pandas DataFrame, got {type(table).__name__}"
+            )
     except InvalidTable:
         raise
     except UnicodeEncodeError:  # text that is not valid UTF-8 (lone surrogates): replace, as documented
         return to_arrow_table(name, _replace_invalid_text(table))
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:  # OverflowError: an int beyond int64
-        raise InvalidTable(f"table {name!r}: a column mixes values of incompatible types or holds unsupported objects: {exc}") from exc
+        raise InvalidTable(
+            f"table {name!r}: a column mixes values of incompatible types or holds unsupported objects: {exc}"
+        ) from exc
     result = _plain_columns(result)
     if result.num_columns == 0:
         raise InvalidTable(f"table {name!r} has no columns")
@@ -224,7 +237,9 @@ def _clean_text(value: Any) -> Any:
 def _replace_invalid_text(table: Any) -> Any:
     """The same table with every string made valid UTF-8 (unencodable characters become ``?``)."""
     if isinstance(table, Mapping):
-        return {_clean_text(str(k)): [_clean_text(v) for v in (c.tolist() if hasattr(c, "tolist") else c)] for k, c in table.items()}
+        return {
+            _clean_text(str(k)): [_clean_text(v) for v in (c.tolist() if hasattr(c, "tolist") else c)] for k, c in table.items()
+        }
     if isinstance(table, list):
         return [{_clean_text(str(k)): _clean_text(v) for k, v in row.items()} for row in table]
     if type(table).__name__ == "DataFrame":
@@ -246,9 +261,11 @@ def _plain_columns(table: pa.Table) -> pa.Table:
 
 
 # -- one table name, call after call -----------------------------------------------------------------
-PROMOTION_RULE = ("a column may change type between calls only as Arrow's permissive promotion allows (int -> float, a "
-                  "narrower int or float -> a wider one, null -> any type, string -> large_string, fields added to a struct); "
-                  "columns may appear and disappear")
+PROMOTION_RULE = (
+    "a column may change type between calls only as Arrow's permissive promotion allows (int -> float, a "
+    "narrower int or float -> a wider one, null -> any type, string -> large_string, fields added to a struct); "
+    "columns may appear and disappear"
+)
 
 
 class TableSchemas:
@@ -291,8 +308,9 @@ class TableSchemas:
             schema = table.schema.remove_metadata()
             merged = schema if known is None else _promote(name, known, schema)
             seen = self._extremes.get(name, {})
-            for source, source_extremes in ((known, seen), (schema, extremes)):
-                _check_exact(name, source, merged, source_extremes)
+            if known is not None:
+                _check_exact(name, known, merged, seen)
+            _check_exact(name, schema, merged, extremes)
             check_parquet_types(name, merged)
             self._schemas[name] = merged
             self._extremes[name] = _merge_extremes(merged, seen, extremes)
@@ -323,7 +341,7 @@ def _is_wide_int(type_: pa.DataType) -> bool:
 def _wide_int_extremes(table: pa.Table) -> dict[str, tuple[int, int]]:
     """``{column: (min, max)}`` of the table's non-empty int64/uint64 columns (narrower ints fit any promotion)."""
     extremes = {}
-    for field, column in zip(table.schema, table.columns):
+    for field, column in zip(table.schema, table.columns, strict=True):
         if _is_wide_int(field.type):
             import pyarrow.compute as pc
 
@@ -345,7 +363,7 @@ def _merge_extremes(schema: pa.Schema, *extremes: dict[str, tuple[int, int]]) ->
     return merged
 
 
-def _check_exact(name: str, source: pa.Schema | None, merged: pa.Schema, extremes: dict[str, tuple[int, int]]) -> None:
+def _check_exact(name: str, source: pa.Schema, merged: pa.Schema, extremes: dict[str, tuple[int, int]]) -> None:
     """Raise when the values logged as ``source`` could not be cast exactly to the promoted ``merged`` type."""
     for column, (low, high) in extremes.items():
         before, after = source.field(column).type, merged.field(column).type
@@ -354,9 +372,11 @@ def _check_exact(name: str, source: pa.Schema | None, merged: pa.Schema, extreme
         try:
             pa.array([low, high], before).cast(after)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise InvalidTable(f"table {name!r}: column {column!r} holds {before} values from {low} to {high}, which {after} "
-                               f"(its type once promoted with the other calls' tables) cannot hold exactly ({exc}); {PROMOTION_RULE}. "
-                               "Log the column as text, or under a new column name") from None
+            raise InvalidTable(
+                f"table {name!r}: column {column!r} holds {before} values from {low} to {high}, which {after} "
+                f"(its type once promoted with the other calls' tables) cannot hold exactly ({exc}); {PROMOTION_RULE}. "
+                "Log the column as text, or under a new column name"
+            ) from None
 
 
 def check_parquet_types(name: str, schema: pa.Schema) -> None:
@@ -368,9 +388,12 @@ def check_parquet_types(name: str, schema: pa.Schema) -> None:
     if _parquet_refusal(schema.remove_metadata()) is None:
         return
     refused = [(field, _parquet_refusal(pa.schema([field]))) for field in schema]
-    detail = "; ".join(f"column {field.name!r} of type {field.type}: {why}" for field, why in refused if why) or _parquet_refusal(schema)
-    raise InvalidTable(f"table {name!r} has a column type parquet cannot store ({detail}); convert the column, e.g. to text "
-                       "(a struct column needs at least one field: not [{}, {}])")
+    detail = "; ".join(f"column {field.name!r} of type {field.type}: {why}" for field, why in refused if why)
+    detail = detail or str(_parquet_refusal(schema))  # only the columns together are refused
+    raise InvalidTable(
+        f"table {name!r} has a column type parquet cannot store ({detail}); convert the column, e.g. to text "
+        "(a struct column needs at least one field: not [{}, {}])"
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -391,16 +414,23 @@ def _parquet_refusal(schema: pa.Schema) -> str | None:
 # The rule is documented in docs/decisions.md ("Secrets"); tests/test_secrets.py holds every spelling.
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")  # "apiKey" -> api, Key; "HFToken" -> HF, Token; "api-keys" -> api, keys
 # Named anywhere in a key (compared without case or separators), these are credentials.
-_CREDENTIAL_STEM = re.compile(r"password|passwd|passphrase|secret|credential|authorization|cookie|webhook|apikey|privatekey|accesskey|authheader")
+_CREDENTIAL_STEM = re.compile(
+    r"password|passwd|passphrase|secret|credential|authorization|cookie|webhook|apikey|privatekey|accesskey|authheader"
+)
 # "<qualifier> key(s)" ends the name of a credential; a bare "key" (a metric's key, a dataset key) is not one.
-_KEY_QUALIFIERS = frozenset("api private secret access signing encryption ssh client session master license hmac account service "
-                            "deploy gpg pgp auth".split())
+_KEY_QUALIFIERS = frozenset(
+    "api private secret access signing encryption ssh client session master license hmac account service "
+    "deploy gpg pgp auth".split()
+)
 # A key ending in "token" names a credential unless the word before it names a tokenizer's vocabulary token.
-_VOCABULARY_TOKENS = frozenset("pad eos bos unk sep cls mask image video audio vision boi eoi boa eoa start end stop eot eom eod think "
-                               "placeholder special sentinel prefix suffix middle turn tool answer system".split())
+_VOCABULARY_TOKENS = frozenset(
+    "pad eos bos unk sep cls mask image video audio vision boi eoi boa eoa start end stop eot eom eod think "
+    "placeholder special sentinel prefix suffix middle turn tool answer system".split()
+)
 # "tokens" (plural) counts tokens (max_new_tokens, num_tokens) unless one of these qualifies it.
-_TOKEN_QUALIFIERS = frozenset("access refresh auth hub hf bearer session id api oauth github gh gitlab slack bot personal security "
-                              "secret csrf jwt".split())
+_TOKEN_QUALIFIERS = frozenset(
+    "access refresh auth hub hf bearer session id api oauth github gh gitlab slack bot personal security secret csrf jwt".split()
+)
 _CREDENTIAL_WORDS = frozenset(("auth", "dsn", "jwt"))  # as the last word: `auth`, `http_auth`, `sentry_dsn`
 
 
@@ -429,21 +459,28 @@ def is_secret_key(key: str) -> bool:
 
 
 _TOKEN_SHAPES = (
-    r"hf_[A-Za-z0-9]{30,}", r"api_org_[A-Za-z0-9]{30,}",  # Hugging Face
+    r"hf_[A-Za-z0-9]{30,}",  # Hugging Face user and organisation tokens
+    r"api_org_[A-Za-z0-9]{30,}",
     r"sk-[A-Za-z0-9_\-]{20,}",  # OpenAI, Anthropic (sk-ant-...)
-    r"gh[pousr]_[A-Za-z0-9]{30,}", r"github_pat_[A-Za-z0-9_]{30,}", r"glpat-[A-Za-z0-9_\-]{20,}",
+    r"gh[pousr]_[A-Za-z0-9]{30,}",  # GitHub, GitLab
+    r"github_pat_[A-Za-z0-9_]{30,}",
+    r"glpat-[A-Za-z0-9_\-]{20,}",
     r"xox[abposr]-[A-Za-z0-9\-]{10,}",  # Slack
-    r"(?:AKIA|ASIA)[0-9A-Z]{16}", r"AIza[0-9A-Za-z_\-]{35}",  # AWS access key id, Google API key
-    r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}", r"npm_[A-Za-z0-9]{36}", r"pypi-[A-Za-z0-9_\-]{50,}",
+    r"(?:AKIA|ASIA)[0-9A-Z]{16}",  # AWS access key id
+    r"AIza[0-9A-Za-z_\-]{35}",  # Google API key
+    r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}",  # Stripe
+    r"npm_[A-Za-z0-9]{36}",
+    r"pypi-[A-Za-z0-9_\-]{50,}",
     r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # a JWT
 )
 _TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(_TOKEN_SHAPES) + ")")
 _PRIVATE_KEY_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.DOTALL)
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:)[^\s/@]+(?=@)")  # keeps scheme://user: and @host
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9\-._~+/]+=*)", re.IGNORECASE)
-_NAME_EQUALS = re.compile(r"""(?<![\w.\-])(-{0,2}[A-Za-z_][\w.\-]*)(\s*=\s*)("[^"]*"|'[^']*'|[^\s&;,)\]}'"]+)""")  # token=..., password='...'
-_DASHED_OPTION = re.compile(r"(?<!\S)(--?[A-Za-z][\w.\-]*)(\s+)([^\s\-'\"][^\s'\"]*)")  # --hub_token VALUE
-_QUOTED_ITEM = re.compile(r"""(["'])([^"'\n]{1,200})\1(\s*:\s*)("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\[[^\]]*\]|-?\d[\w.+\-]*)""")  # "password": "..."
+# name=value (URL queries, connection strings, reprs), --name value (command lines), "name": value (JSON, dict reprs)
+_NAME_EQUALS = re.compile(r"""(?<![\w.\-])(-{0,2}[A-Za-z_][\w.\-]*)(\s*=\s*)("[^"]*"|'[^']*'|[^\s&;,)\]}'"]+)""")
+_DASHED_OPTION = re.compile(r"(?<!\S)(--?[A-Za-z][\w.\-]*)(\s+)([^\s\-'\"][^\s'\"]*)")
+_QUOTED_ITEM = re.compile(r"""(["'])([^"'\n]{1,200})\1(\s*:\s*)("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\[[^\]]*\]|-?\d[\w.+\-]*)""")
 
 
 def _named_value(match: re.Match) -> str:
@@ -529,7 +566,9 @@ def redact(value: Any) -> Any:
         return [redact(item) for item in value]
     mapping = _as_mapping(value)
     if mapping is not None:
-        return {str(k): (v if _keeps_no_secret(v) else REDACTED) if is_secret_key(str(k)) else redact(v) for k, v in mapping.items()}
+        return {
+            str(k): (v if _keeps_no_secret(v) else REDACTED) if is_secret_key(str(k)) else redact(v) for k, v in mapping.items()
+        }
     return redact_text(str(value))
 
 

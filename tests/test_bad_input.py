@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 
 import numpy as np
@@ -24,7 +23,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture
 def run(tmp_path):
-    r = rllog.init(run_dir=tmp_path / "r", flush_interval=0.05, health=False, delivery="thread")  # validation, not delivery, is tested here
+    # validation, not delivery, is tested here
+    r = rllog.init(run_dir=tmp_path / "r", flush_interval=0.05, health=False, delivery="thread")
     yield r
     r.finish()
 
@@ -115,7 +115,9 @@ def test_nested_and_huge_dicts(run):
     assert len([k for k in got if k.startswith("big/")]) == 20_000 and got["big/k19999"] == [(3, 19999.0)]
 
 
-@pytest.mark.parametrize("step", [-1, 1.5, "3", True, None.__class__, np.float64(2.0), 2**63, np.uint64(2**63), 2**64, np.int64(-1)])
+@pytest.mark.parametrize(
+    "step", [-1, 1.5, "3", True, None.__class__, np.float64(2.0), 2**63, np.uint64(2**63), 2**64, np.int64(-1)]
+)
 def test_bad_steps(run, step):
     with pytest.raises(InvalidStep):
         run.log({"x": 1.0}, step=step)
@@ -162,7 +164,11 @@ UNSTORABLE = [
     ("nested_empty_struct", {"meta": [{"extra": {}}], "ok": [1]}, "meta"),
     ("list_of_empty_structs", {"calls": [[{}], []]}, "calls"),
     ("interval", {"span": [pd.DateOffset(months=1)]}, "span"),  # Arrow's month_day_nano_interval
-    ("union", pa.table({"u": pa.UnionArray.from_sparse(pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["a", "b"])])}), "u"),
+    (
+        "union",
+        pa.table({"u": pa.UnionArray.from_sparse(pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["a", "b"])])}),
+        "u",
+    ),
 ]
 
 
@@ -187,7 +193,9 @@ def test_a_column_may_change_type_between_calls_as_arrow_promotes_it(run, pause)
     for step, table in enumerate(tables):
         run.log_table("t", table, step=step)
         time.sleep(pause)  # the parquet backend concatenates within a part and across parts: both must hold
-    with pytest.raises(InvalidTable, match=r"column 'reward' was double in earlier calls and is string now; .*permissive promotion"):
+    with pytest.raises(
+        InvalidTable, match=r"column 'reward' was double in earlier calls and is string now; .*permissive promotion"
+    ):
         run.log_table("t", {"reward": ["high"]}, step=4)
     with pytest.raises(InvalidTable, match=r"column 'note' was (large_)?string in earlier calls and is int64 now"):
         run.log_table("t", {"note": [3]}, step=5)
@@ -195,7 +203,12 @@ def test_a_column_may_change_type_between_calls_as_arrow_promotes_it(run, pause)
     run.finish()
     rows = rllog.read_table(run.run_dir, "t").to_pylist()
     assert [(r["_step"], r["reward"], r["note"], r["extra"]) for r in rows] == [
-        (0, 1.0, None, None), (0, 0.0, None, None), (1, 0.5, "ok", True), (2, 2.0, None, None), (3, 1.5, "cat", None)]
+        (0, 1.0, None, None),
+        (0, 0.0, None, None),
+        (1, 0.5, "ok", True),
+        (2, 2.0, None, None),
+        (3, 1.5, "cat", None),
+    ]
     assert rllog.read_table(run.run_dir, "other").column("reward").to_pylist() == ["high"]
 
 
@@ -300,13 +313,13 @@ def test_log_after_finish_and_finish_twice(run):
 
 
 def test_full_queue_applies_backpressure_and_drops_nothing(tmp_path, monkeypatch, caplog):
-    real_write = journal.JournalWriter._write
+    real_write = journal.JournalWriter._flush_frames
 
-    def slow_write(self, data, first_seq):
+    def slow_write(self):
         time.sleep(0.05)  # a stalled disk
-        return real_write(self, data, first_seq)
+        return real_write(self)
 
-    monkeypatch.setattr(journal.JournalWriter, "_write", slow_write)
+    monkeypatch.setattr(journal.JournalWriter, "_flush_frames", slow_write)
     run = rllog.init(run_dir=tmp_path / "r", flush_interval=0.05, max_pending=50, health=False)
     for i in range(2000):
         run.log({"i": float(i)}, step=i)

@@ -71,12 +71,24 @@ def test_tensor_modified_in_place_after_log_keeps_the_logged_value(tmp_path):
 def test_mixed_dtypes_and_shapes_are_converted_exactly(tmp_path):
     """Stacking an int64 counter with a bf16 loss must not round the counter to bf16 (torch would promote both)."""
     run = rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=30.0)
-    run.log({"count": torch.tensor(123456789), "loss": torch.tensor(0.5, dtype=torch.bfloat16), "f32": torch.tensor([0.1], dtype=torch.float32),
-             "grad": torch.tensor(2.0, requires_grad=True) * 3}, step=0)
+    run.log(
+        {
+            "count": torch.tensor(123456789),
+            "loss": torch.tensor(0.5, dtype=torch.bfloat16),
+            "f32": torch.tensor([0.1], dtype=torch.float32),
+            "grad": torch.tensor(2.0, requires_grad=True) * 3,
+        },
+        step=0,
+    )
     run.log({"a": torch.tensor([[7.0]]), "b": torch.tensor(8.0)}, step=1)  # shapes (1, 1) and ()
     run.finish()
     records = [r for r in journal.read_all(tmp_path / "r") if isinstance(r, rllog.MetricsRecord)]
-    assert records[0].values == {"count": 123456789.0, "loss": 0.5, "f32": float(torch.tensor(0.1, dtype=torch.float32)), "grad": 6.0}
+    assert records[0].values == {
+        "count": 123456789.0,
+        "loss": 0.5,
+        "f32": float(torch.tensor(0.1, dtype=torch.float32)),
+        "grad": 6.0,
+    }
     assert records[1].values == {"a": 7.0, "b": 8.0}
 
 
@@ -102,6 +114,7 @@ UNREADABLE = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
 @pytest.mark.parametrize("kind", UNREADABLE)
 def test_tensors_that_cannot_become_one_float_are_refused_at_the_call(tmp_path, kind):
     make, match = UNREADABLE[kind]

@@ -80,3 +80,34 @@ def read_back(env: dict, run_info) -> ReadBack:
                 step = payload["additional_params"]["step"]
                 out.tables.setdefault(metadata[TABLE_KEY], []).append((step, rows))
     return out
+
+
+# -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
+def run_ids(env: dict, run_info) -> set[str]:
+    """The experiment keys of every offline archive (a resumed run adds an archive, not an experiment)."""
+    keys = set()
+    for path in Path(env["COMET_OFFLINE_DIRECTORY"]).glob("*.zip"):
+        with zipfile.ZipFile(path) as archive:
+            if "experiment.json" in archive.namelist():
+                keys.add(json.loads(archive.read("experiment.json"))["offline_id"])
+    return keys
+
+
+def break_next_write(monkeypatch, sink) -> None:
+    """The 2nd ``log_metrics`` of the next call fails with Comet's own HTTP 502, after the 1st was logged."""
+    import requests
+    from comet_ml.exceptions import CometRestApiException
+
+    experiment = sink._experiment
+    real, calls = experiment.log_metrics, []
+
+    def log_metrics(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            response = requests.Response()
+            response.status_code, response._content = 502, b'{"msg": "bad gateway"}'
+            response.url = "https://www.comet.com/api/rest/v2/write/experiment/metrics"
+            raise CometRestApiException("POST", response)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "log_metrics", log_metrics)

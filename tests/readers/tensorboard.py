@@ -14,11 +14,12 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 from readers import ReadBack
 from rllog.records import STATUSES
-from rllog_backends.tensorboard import CONFIG_TAG, OUT_OF_ORDER, STATUS_TAG, TEXT_SUFFIX, parse_markdown_table
+from rllog_backends.tensorboard import CONFIG_TAG, OUT_OF_ORDER, STATUS_TAG, TEXT_SUFFIX, format_cell, parse_markdown_table
 
 
 def logdir_for(env: dict, run_info) -> str:
@@ -86,3 +87,55 @@ def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
         status = _text(main.Tensors(STATUS_TAG)[-1]).strip()
         out.status = status if status in STATUSES else None
     return out
+
+
+# -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
+def stored(value: float) -> float:
+    """TensorBoard keeps scalars as float32 (NaN and ±inf as they are; beyond ~3.4e38 becomes ±inf)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        return float(np.float32(value))
+
+
+def cell(value) -> str:
+    return format_cell(value)  # a Markdown table: every cell is text
+
+
+def config_value(value):
+    """The HPARAMS plugin keeps bools, numbers (as floats) and strings; anything else as its ``str``."""
+    if isinstance(value, bool) or isinstance(value, str):
+        return value
+    return float(value) if isinstance(value, (int, float)) else str(value)
+
+
+def break_next_write(monkeypatch, sink) -> None:
+    """The next append to an event file stops half-way with ``ENOSPC``, as a filling disk does."""
+    import rllog_backends.tensorboard as module
+
+    fired = []
+
+    class FillingFile:
+        def __init__(self, f):
+            self.f, self.written = f, False
+
+        def write(self, data) -> int:
+            if self.written:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written = True
+            return self.f.write(data[: max(1, len(data) // 2)])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+    def filling_open(path, *args, **kwargs):
+        f = open(path, *args, **kwargs)
+        if fired:
+            return f
+        fired.append(path)
+        return FillingFile(f)
+
+    monkeypatch.setattr(module, "open", filling_open, raising=False)

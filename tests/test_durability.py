@@ -1,0 +1,369 @@
+"""Nothing logged is lost, and the report tells the truth, under real faults.
+
+Each test injects the real fault (SIGKILLs of the delivery agent, a real full disk on a small tmpfs,
+real damaged bytes in the journal, real forks, two trainers racing for one directory) and reads the
+result back from the sinks' own storage.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import rllog
+from readers import read_back
+from rllog import journal
+from rllog.agent import RestartBudget
+from rllog.cli import main as cli_main
+from rllog.errors import ForkedChild, InvalidArgument, InvalidStep, RunDirError
+from rllog.run import load_run_info
+from sinks import BlockingSink, MemorySink, wait_until
+
+QUICK_RESTARTS = RestartBudget(burst=50, refill_seconds=1.0, backoff_base=0.05, backoff_cap=0.5)
+
+
+def parquet_rows(run_dir) -> list[tuple[int, str, float]]:
+    table = rllog.read_metrics(run_dir)
+    return list(zip(table.column("seq").to_pylist(), table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True))
+
+
+def tensorboard_points(tracker_dirs, run_dir) -> dict[str, set]:
+    back = read_back("tensorboard", tracker_dirs, load_run_info(run_dir)[0])
+    return {key: set(points) for key, points in back.metrics.items()}
+
+
+@pytest.mark.slow
+def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tmp_path, tracker_dirs):
+    """The agent is killed (as the OOM killer would) 8 times at random while 12,000 records flow."""
+    run_dir = tmp_path / "r"
+    n, kills = 12_000, 8
+    run = rllog.init(report_to="parquet,tensorboard", run_dir=run_dir, flush_interval=0.05, health=False)
+    run._agent.budget = QUICK_RESTARTS
+    rng = random.Random(7)
+    killed = []
+
+    def killer():
+        while len(killed) < kills:
+            time.sleep(rng.uniform(0.1, 0.6))
+            proc = run._agent.proc
+            if proc is None or proc.poll() is not None:
+                continue
+            os.kill(proc.pid, signal.SIGKILL)
+            killed.append(proc.pid)
+            wait_until(lambda proc=proc: run._agent.proc is not proc, timeout=30)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    for i in range(n):
+        run.log({"a": float(i), "b": -float(i)}, step=i)
+        if i % 200 == 0:
+            time.sleep(0.05)
+    thread.join(120)
+    report = run.finish(timeout=120)
+    assert len(killed) == kills and run._agent.restarts >= kills
+    rows = parquet_rows(run_dir)
+    assert len(rows) == len(set(rows)) == 2 * n  # every record, none twice
+    assert sorted((seq, key, value) for seq, key, value in rows) == sorted(
+        [(i + 1, "a", float(i)) for i in range(n)] + [(i + 1, "b", -float(i)) for i in range(n)])
+    tb = tensorboard_points(tracker_dirs, run_dir)
+    assert tb["a"] == {(i, float(i)) for i in range(n)}  # TensorBoard may hold a re-sent point twice; never misses one
+    assert report.ok, str(report)
+    assert report["parquet"].delivered == report.records == n and report["parquet"].pending == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 4 MiB filesystem (tmpfs) that the test can fill and free."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    try:  # the last few bytes too
+        with open(filler, "ab") as f:
+            while True:
+                f.write(b"\0" * 512)
+                f.flush()
+    except OSError:
+        pass
+    return filler
+
+
+@pytest.mark.slow
+def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small_disk, tracker_dirs, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(small_disk / "tb"))
+    run_dir = small_disk / "r"
+    run = rllog.init(report_to="parquet,tensorboard", run_dir=run_dir, flush_interval=0.05, health=False)
+    step = 0
+
+    def log(count):
+        nonlocal step
+        for _ in range(count):
+            run.log({"reward": step * 0.5, "kl": 0.01}, step=step)  # never raises, full disk or not
+            step += 1
+            if step % 100 == 0:
+                time.sleep(0.02)
+
+    log(1000)
+    assert wait_until(lambda: rllog.read_metrics(run_dir).num_rows >= 1000)
+    filler = fill(small_disk)
+    log(2000)
+    time.sleep(1.5)  # the writer and the agent meet the full disk and keep retrying
+    assert run._writer.error is not None and run._writer.backlog > 0
+    filler.unlink()
+    log(1000)
+    report = run.finish(timeout=120)
+    assert report.ok, str(report)
+    assert report["parquet"].delivered == report["tensorboard"].delivered == 4000
+    values = [value for _, key, value in parquet_rows(run_dir) if key == "reward"]
+    assert values == [i * 0.5 for i in range(4000)]
+    assert {s for s, _ in tensorboard_points(tracker_dirs | {"TENSORBOARD_LOGGING_DIR": str(small_disk / "tb")}, run_dir)["reward"]} == set(range(4000))
+    scan = journal.scan(run_dir)
+    assert not scan.damage and scan.records == 4000  # no broken frame was left in the middle of a segment
+
+
+@pytest.mark.slow
+def test_disk_full_until_the_deadline_reports_exactly_what_was_lost(small_disk):
+    run_dir = small_disk / "r"
+    sink = MemorySink("memory")
+    run = rllog.init(report_to=[sink], run_dir=run_dir, flush_interval=0.05, health=False)
+    for i in range(100):
+        run.log({"x": float(i)}, step=i)
+    assert wait_until(lambda: rllog.run.report(run_dir, ["memory"])["memory"].delivered == 100)
+    fill(small_disk)
+    for i in range(100, 300):
+        run.log({"x": float(i)}, step=i)
+    report = run.finish(timeout=3)
+    in_journal = journal.scan(run_dir).records
+    assert not report.ok and report.records == 300 and report.unwritten == 300 - in_journal > 0
+    assert (report["memory"].delivered, report["memory"].pending) == (100, 200)  # its cursor could not move on a full disk
+    assert f"{report.unwritten} records never reached the journal" in str(report)
+
+
+def damage(path: Path, offset: int, field_offset: int) -> int:
+    """Flip one byte at ``field_offset`` inside the frame that starts at or after ``offset``; returns that frame's seq."""
+    data = bytearray(path.read_bytes())
+    pos = data.index(journal.MAGIC, offset)
+    seq = journal.HEADER.unpack_from(data, pos)[4]
+    data[pos + field_offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+    return seq
+
+
+def test_damaged_payload_seq_and_length_bytes_cost_only_their_records(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="none", run_dir=run_dir, health=False) as run:
+        for i in range(10_000):
+            run.log({"v": float(i)}, step=i)
+    (segment,) = (run_dir / "journal").glob("*.rlj")
+    size = segment.stat().st_size
+    lost = {
+        damage(segment, size * 3 // 10, journal.HEADER.size + 5),  # a payload byte
+        damage(segment, size * 5 // 10, 12),  # a byte of the seq
+        damage(segment, size * 7 // 10, 16),  # a byte of the length
+    }
+    assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
+    out = capsys.readouterr().out
+    assert f"delivered {10_000 - 3} new records" in out and "damaged" in out
+    seqs = set(rllog.read_metrics(run_dir).column("seq").to_pylist())
+    assert seqs == set(range(1, 10_001)) - lost
+    report = rllog.run.report(run_dir, ["parquet"])
+    assert report.records == 10_000 - 3 and report["parquet"].delivered == 10_000 - 3 and report["parquet"].pending == 0
+    assert report.journal_damage.damaged_frames >= 1 and 0 < report.journal_damage.damaged_bytes < 1000
+
+
+def test_a_step_outside_int64_is_refused_at_the_call(tmp_path):
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r")
+    with pytest.raises(InvalidStep, match="int64"):
+        run.log({"x": 1.0}, step=2**63)
+    run.log({"x": 2.0}, step=2**63 - 1)
+    assert run.finish().ok
+    assert rllog.read_metrics(tmp_path / "r").column("step").to_pylist() == [2**63 - 1]
+
+
+FORKING_TRAINER = textwrap.dedent(r"""
+    import multiprocessing, os, sys, rllog
+    from rllog.errors import ForkedChild
+    run = rllog.init(report_to="parquet", run_dir=sys.argv[1], health=False)
+    run.log({"parent": 1.0}, step=0)
+
+    def work(i):
+        try:
+            rllog.log({"child": float(i)})
+            return "logged"
+        except ForkedChild as exc:
+            return "refused"
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        print(sorted(set(pool.map(work, range(20)))), flush=True)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run.log({"child": 1.0})
+        except ForkedChild:
+            print("fork child refused", flush=True)
+        sys.exit(0)  # a normal exit: atexit handlers run in the child
+    os.waitpid(pid, 0)
+    run.log({"parent": 2.0}, step=1)
+    print(run.finish().ok, flush=True)
+""")
+
+
+def test_log_in_a_forked_child_raises_and_its_exit_finishes_nothing(tmp_path):
+    run_dir = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-c", FORKING_TRAINER, str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["['refused']", "fork child refused", "True"]
+    assert "undelivered" not in proc.stderr and "finished with" not in proc.stderr
+    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [1.0, 2.0]
+
+
+def test_forked_child_gets_a_clear_error(tmp_path):
+    run = rllog.init(report_to=[MemorySink("m")], run_dir=tmp_path / "r")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        try:
+            run.log({"x": 1.0})
+            os._exit(1)
+        except ForkedChild as exc:
+            os._exit(42 if "forked child" in str(exc) else 2)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 42
+    run.log({"x": 2.0})
+    assert run.finish().ok
+
+
+CLAIMER = r"""
+import sys, time, rllog
+from rllog.errors import RunDirError
+while time.time() < float(sys.argv[2]):
+    pass
+try:
+    run = rllog.init(report_to="none", run_dir=sys.argv[1], health=False)
+except RunDirError:
+    print("lost", flush=True)
+else:
+    run.log({"x": 1.0})
+    run.finish()
+    print("won", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_of_two_inits_on_one_directory_exactly_one_wins(tmp_path):
+    for trial in range(5):
+        start = time.time() + 1.5  # both spin until the same instant
+        procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path / f"r{trial}"), str(start)], stdout=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+        assert outcomes == ["lost", "won"], (trial, outcomes)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        rllog.init(report_to="none", run_dir=tmp_path / "r0")
+
+
+def test_concurrent_finish_calls_all_return_the_true_report(tmp_path):
+    blocked = BlockingSink("blocked")
+    run = rllog.init(report_to=[blocked], run_dir=tmp_path / "r", flush_interval=0.05)
+    for i in range(10):
+        run.log({"i": float(i)})
+    reports = []
+    threads = [threading.Thread(target=lambda: reports.append(run.finish(timeout=30))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert reports == []  # nobody returns before the sink got its records
+    blocked.release.set()
+    for t in threads:
+        t.join(60)
+    assert len(reports) == 3 and all(r is reports[0] for r in reports)
+    assert reports[0].ok and reports[0]["blocked"].delivered == 10
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "1", True])
+def test_flush_interval_is_validated(tmp_path, bad):
+    with pytest.raises(InvalidArgument, match="flush_interval"):
+        rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=bad)
+    assert not (tmp_path / "r" / "journal").exists()  # nothing claimed
+
+
+def test_restart_budget_refills_and_backs_off():
+    now = [0.0]
+    budget = RestartBudget(burst=3, refill_seconds=60.0, backoff_base=0.5, backoff_cap=30.0, young=10.0, clock=lambda: now[0])
+    waits = [budget.wait_before_restart(lived=1.0) for _ in range(3)]
+    assert waits == [0.5, 1.0, 2.0]  # young deaths back off; tokens were there
+    assert budget.wait_before_restart(lived=1.0) == pytest.approx(60.0)  # out of tokens: wait for one to come back
+    now[0] += 600.0  # the budget refills over time: supervision never stops for good
+    assert budget.wait_before_restart(lived=100.0) == 0.5  # an agent that lived long resets the backoff
+
+
+@pytest.mark.slow
+def test_agent_kept_dying_is_restarted_past_any_fixed_count_and_stderr_says_so(tmp_path):
+    said = []
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=0.05, health=False)
+    run._agent.budget = RestartBudget(burst=2, refill_seconds=0.5, backoff_base=0.05, backoff_cap=0.2)
+    run._agent._say = said.append
+    for round_ in range(7):
+        proc = run._agent.proc
+        assert wait_until(lambda proc=proc: proc.poll() is None, timeout=30)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_until(lambda proc=proc: run._agent.proc is not proc, timeout=60), round_
+        run.log({"round": float(round_)}, step=round_)
+    report = run.finish(timeout=60)
+    assert run._agent.restarts >= 7 and report.ok
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(7)]
+    assert "restarted" in str(report)
+
+
+def test_backend_options_reach_the_agent_but_never_the_disk(tmp_path, test_backends):
+    secret = "sk-live-abcdefghijklmnopqrstuvwxyz012345"
+    out = tmp_path / "out.jsonl"
+    run = rllog.init(report_to="jsonl", run_dir=tmp_path / "r", backend_options={"jsonl": {"file": str(out), "name": secret}}, health=False)
+    run.log({"x": 1.0})
+    assert run.finish().ok
+    assert out.exists()  # the agent got the options (file=...) through its pipe
+    for path in (tmp_path / "r").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_replay_while_another_replay_runs_is_a_clear_message(tmp_path, capsys):
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="none", run_dir=run_dir) as run:
+        run.log({"x": 1.0})
+    from rllog.delivery import CursorStore
+
+    holder = CursorStore(run_dir, "parquet")
+    holder.acquire()
+    try:
+        code = cli_main(["replay", str(run_dir), "--to", "parquet"])
+    finally:
+        holder.release()
+    captured = capsys.readouterr()
+    assert code == 75 and "already delivering" in (captured.out + captured.err) and "Traceback" not in captured.err
+    shutil.rmtree(run_dir / "delivery")
+    assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
