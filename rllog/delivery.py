@@ -297,7 +297,9 @@ class Follower:
 
     @property
     def _durable_writes(self) -> bool:
-        return bool(getattr(getattr(self.sink, "capabilities", None), "durable_writes", False))
+        """A sink without ``flush`` writes through: what its write returned is as durable as it gets."""
+        caps = getattr(self.sink, "capabilities", None)
+        return bool(getattr(caps, "durable_writes", False)) or not hasattr(self.sink, "flush")
 
     def _deliver(self, records: list) -> bool:
         """Deliver one batch: its metrics in one ``write_metrics`` call, then its tables and alerts.
@@ -314,7 +316,7 @@ class Follower:
             return False
         sink = self.sink
         takes_tables = bool(todo) and getattr(sink.capabilities, "tables", False)
-        takes_alerts = bool(todo) and getattr(sink.capabilities, "alerts", False) and hasattr(sink, "write_alert")
+        takes_alerts = bool(todo) and getattr(sink.capabilities, "alerts", False)
         metrics = [r for r in todo if isinstance(r, MetricsRecord)]
         calls: list[tuple[list, Callable[[list], None]]] = []
         if metrics:
@@ -372,7 +374,8 @@ class Follower:
         self._suspects = []
 
     def _flush(self) -> bool:
-        if self._call(self.sink.flush) is not None:
+        flush = getattr(self.sink, "flush", None)
+        if flush is not None and self._call(flush) is not None:
             return False
         self._durable |= self._in_flight
         self._in_flight = set()

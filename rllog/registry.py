@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from typing import Any, Iterable
 
 from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
-from rllog.sink import MetricSink
+from rllog.sink import MetricSink, sink_problem
 
 ENTRY_POINT_GROUP = "rllog.backends"
 DEFAULT = "parquet"
@@ -112,10 +112,10 @@ def parse_report_to(report_to: Any) -> list[Any]:
                     if not backend.installed:
                         backend.load()  # raises BackendNotInstalled naming the extra
                     out.append(backend.name)
-        elif isinstance(item, MetricSink):
+        elif isinstance(item, MetricSink) and sink_problem(item) is None:
             out.append(item)
         else:
-            raise InvalidSink(f"report_to entries must be backend names or MetricSink objects, got {type(item).__name__}")
+            raise InvalidSink(f"report_to entries must be backend names or MetricSink objects: {sink_problem(item)}")
     seen: set = set()
     unique = []
     for item in out:
@@ -129,6 +129,7 @@ def parse_report_to(report_to: Any) -> list[Any]:
 def create(name: str, options: dict[str, Any] | None = None) -> MetricSink:
     """Build the sink for backend ``name`` with JSON-able keyword ``options``."""
     sink = resolve(name).load()(**(options or {}))
-    if not isinstance(sink, MetricSink):
-        raise InvalidSink(f"backend {name!r} built a {type(sink).__name__}, which does not implement MetricSink")
+    problem = sink_problem(sink)
+    if problem is not None:
+        raise InvalidSink(f"backend {name!r}: {problem}")
     return sink

@@ -4,7 +4,7 @@ A sink translates rllog records into one tracker's calls, and nothing else: it k
 processes, threads, queues, retries, ranks or the journal. The delivery layer
 (:mod:`rllog.delivery`) calls it from one thread, in this order::
 
-    open(run_info) -> [write_metrics(batch), write_table(record) ..., write_alert(record) ...] ... -> flush() ... -> close(status)
+    open(run_info) -> [write_metrics(batch), write_table(record) ..., write_alert(record) ...] ... -> [flush()] ... -> close(status)
 
 Per batch read from the journal, its metric records come in one ``write_metrics`` call, then its tables and
 alerts; each kind in ``seq`` order. Place data by ``record.step``, never by arrival order.
@@ -21,8 +21,6 @@ Example:
     ...     def write_metrics(self, records):
     ...         for r in records:
     ...             print(r.step, dict(r.values))
-    ...     def write_table(self, record): pass
-    ...     def flush(self): pass
     ...     def close(self, status): pass
     >>> isinstance(PrintSink(), MetricSink)
     True
@@ -57,7 +55,13 @@ class Capabilities:
 
 @runtime_checkable
 class MetricSink(Protocol):
-    """A delivery target for one tracker."""
+    """A delivery target for one tracker: ``capabilities``, ``open``, ``write_metrics`` and ``close``.
+
+    The other members are optional, and what a sink takes is said one way, by ``capabilities``:
+    ``write_table(record)`` when ``capabilities.tables``, ``write_alert(record)`` when
+    ``capabilities.alerts``. ``flush()`` may be left out (a sink that writes through has nothing to
+    flush; delivery then treats its writes as flushed when they return).
+    """
 
     capabilities: Capabilities
 
@@ -67,19 +71,38 @@ class MetricSink(Protocol):
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         """Write a batch of metric records, in sequence order."""
 
+    def close(self, status: str) -> None:
+        """End the tracker's run with ``status``: ``finished``, ``failed`` or ``killed``. Flushes first."""
+
+
+class TableSink(MetricSink, Protocol):
+    """A sink with ``capabilities.tables``."""
+
     def write_table(self, record: TableRecord) -> None:
         """Write one table at ``record.step``."""
 
-    def flush(self) -> None:
-        """Make what was written so far durable/visible in the tracker."""
 
-    def close(self, status: str) -> None:
-        """End the tracker's run with ``status``: ``finished``, ``failed`` or ``killed``."""
-
-
-@runtime_checkable
 class AlertSink(MetricSink, Protocol):
     """A sink with ``capabilities.alerts``: it also receives health alerts."""
 
     def write_alert(self, record: AlertRecord) -> None:
         """Show or store one alert (step, rule, metric, value, message, level)."""
+
+
+class FlushingSink(MetricSink, Protocol):
+    """A sink that buffers: ``flush`` makes what was written durable/visible in the tracker."""
+
+    def flush(self) -> None:
+        """Make what was written so far durable/visible in the tracker."""
+
+
+def sink_problem(sink: object) -> str | None:
+    """Why ``sink`` cannot be delivered to (None when it can): a missing member, or a capability without its method."""
+    if not isinstance(sink, MetricSink):
+        missing = [m for m in ("capabilities", "open", "write_metrics", "close") if not hasattr(sink, m)]
+        return f"{type(sink).__name__} does not implement MetricSink (missing {', '.join(missing)})"
+    caps = sink.capabilities
+    for flag, method in (("tables", "write_table"), ("alerts", "write_alert")):
+        if getattr(caps, flag, False) and not callable(getattr(sink, method, None)):
+            return f"{type(sink).__name__} declares capabilities.{flag} but has no {method}()"
+    return None

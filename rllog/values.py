@@ -473,7 +473,7 @@ _TOKEN_SHAPES = (
     r"pypi-[A-Za-z0-9_\-]{50,}",
     r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",  # a JWT
 )
-_TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9_\-])(?:" + "|".join(_TOKEN_SHAPES) + ")")
+_TOKEN_SHAPE = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(_TOKEN_SHAPES) + ")")
 _PRIVATE_KEY_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.DOTALL)
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:)[^\s/@]+(?=@)")  # keeps scheme://user: and @host
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)(\s+)([A-Za-z0-9\-._~+/]+=*)", re.IGNORECASE)

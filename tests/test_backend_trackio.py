@@ -94,7 +94,8 @@ def test_rows_are_durable_when_write_returns(tracker_dirs, tmp_path):
     sink.close("finished")
 
 
-def test_nan_and_inf(tracker_dirs, tmp_path):
+def test_nan_and_inf_as_trackio_stores_them(tracker_dirs, tmp_path):
+    """Read back through the reader: the contract suite. Here: the JSON trackio writes, and its own reader."""
     from trackio.sqlite_storage import SQLiteStorage
 
     info = run_info(tmp_path)
@@ -104,13 +105,12 @@ def test_nan_and_inf(tracker_dirs, tmp_path):
     sink.close("finished")
     raw = json.loads(sql(tracker_dirs, "SELECT metrics FROM metrics")[0][0])
     assert raw == {"loss": "NaN", "kl": "Infinity", "neg": "-Infinity", "big": 1e300}
-    m = read_back(tracker_dirs, info).metrics
-    assert math.isnan(m["loss"][0][1]) and m["kl"] == [(0, math.inf)] and m["neg"] == [(0, -math.inf)] and m["big"] == [(0, 1e300)]
     logs = SQLiteStorage.get_logs("grpo-math", run_id="r0001")
     assert math.isnan(logs[0]["loss"]) and logs[0]["kl"] == math.inf
 
 
-def test_tables_are_trackio_tables_with_new_columns(tracker_dirs, tmp_path):
+def test_tables_are_trackio_tables(tracker_dirs, tmp_path):
+    """A column that appears later: the contract suite. Here: the stored form, and cells trackio needs converted."""
     info = run_info(tmp_path)
     sink = TrackioSink()
     sink.open(info)
@@ -256,6 +256,3 @@ def test_jsonl_mode_writes_fragments_that_trackio_imports(tracker_dirs, tmp_path
     assert imported.tables == {"completions": [(2, [{"a": 1}])]} and imported.config["learning_rate"] == 1e-6
 
 
-def test_import_is_lazy(tmp_path):
-    code = "import sys, rllog, rllog_backends.trackio\nassert 'trackio' not in sys.modules\n"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

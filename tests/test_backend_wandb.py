@@ -109,7 +109,8 @@ def test_grpo_metrics_arrive_exactly_at_their_steps_even_going_back(tracker_dirs
         assert not exit_written(cut), size
 
 
-def test_nan_inf_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
+def test_nan_inf_tokens_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
+    """NaN/inf read back: the contract suite. Here: how wandb writes them, and its own keys."""
     run_info = info(tmp_path)
     sink = WandbSink(settings=FAST)
     sink.open(run_info)
@@ -121,9 +122,6 @@ def test_nan_inf_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
     sink.close("finished")
 
     back = reader.read_back(tracker_dirs, run_info)
-    assert math.isnan(back.metrics["loss"][0][1]) and back.metrics["loss"][0][0] == 3
-    assert back.metrics["grad_norm"] == [(3, math.inf)]
-    assert back.metrics["kl"] == [(3, -math.inf)]
     assert back.metrics["reward"] == [(3, 1e308)]
     # wandb's own keys (and the step key) are renamed, never overwritten
     assert back.metrics["rllog/_step"] == [(5, 7.0)]
@@ -139,7 +137,8 @@ def test_nan_inf_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
     assert float(rows[1]["_timestamp"]) > 1e9 and rows[1]["_step"] == "1"  # wandb's own values intact
 
 
-def test_tables_at_their_steps_with_new_columns_and_odd_cells(tracker_dirs, tmp_path):
+def test_tables_with_odd_cells(tracker_dirs, tmp_path):
+    """Tables at their steps with a later column: the contract suite. Here: cells wandb needs converted."""
     run_info = info(tmp_path)
     sink = WandbSink(settings=FAST)
     sink.open(run_info)
@@ -188,26 +187,23 @@ def test_table_over_wandb_row_limit_is_split_not_truncated(tracker_dirs, tmp_pat
     assert sum(1 for r in rows if "completions/part_0/_type" in r) == 1  # all parts in one row
 
 
-def test_config_tags_and_status_codes(tracker_dirs, tmp_path):
+def test_config_tags_and_exit_codes(tracker_dirs, tmp_path):
+    """Status read back: the contract suite. Here: the exit code each status becomes, tags, a None and a long config value."""
     config = {"learning_rate": 1e-6, "per_device_train_batch_size": 4, "model/name": "tiny-qwen", "hub_token": "***",
               "use_vllm": False, "seed": None, "note": "x" * 5000}
-    statuses = {}
     for run_id, status in (("st-finished", "finished"), ("st-failed", "failed"), ("st-killed", "killed")):
         run_info = info(tmp_path, run_id=run_id, config=config, tags=("grpo", "t" * 100, ""))
         sink = WandbSink(settings=FAST)
         sink.open(run_info)
         sink.write_metrics([metrics(1, 0, {"reward": 1.0})])
         sink.close(status)
-        back = reader.read_back(tracker_dirs, run_info)
-        assert back.config == config
-        statuses[status] = back.status
+        assert reader.read_back(tracker_dirs, run_info).config == config
         records = raw(tracker_dirs, run_info)
         exits = [m.exit_code for kind, m in records if kind == "exit"]
         assert exits == [{"finished": 0, "failed": 1, "killed": 255}[status]]
         run = next(m for kind, m in records if kind == "run")
         assert (run.run_id, run.project, run.display_name) == (run_id, "grpo-test", "tiny")
         assert list(run.tags) == ["grpo", "t" * 64]  # wandb rejects tags over 64 chars: cut; empty dropped
-    assert statuses == {"finished": "finished", "failed": "failed", "killed": "killed"}
 
 
 def test_replay_resumes_the_same_wandb_run_from_another_thread(tracker_dirs, tmp_path):
@@ -238,9 +234,7 @@ def test_replay_resumes_the_same_wandb_run_from_another_thread(tracker_dirs, tmp
     assert len(files) == 2  # offline wandb writes each session to its own folder, same run id
     back = reader.read_back(tracker_dirs, run_info)
     assert back.metrics["reward"] == [(i - 1, float(i)) for i in range(1, 6)]
-    assert back.tables["completions"] == [(4, [{"c": "ok"}])]
     assert back.config == {"lr": 0.1}
-    assert back.status == "finished"
     assert {m.resume for path in files for kind, m in reader.iter_records(path) if kind == "run"} == {True}
 
 
@@ -257,7 +251,8 @@ def test_without_wandb_dir_files_go_to_the_run_dir(tracker_dirs, tmp_path, monke
     assert not list((tmp_path / "wandb_dir").rglob("*.wandb"))
 
 
-def test_retried_calls_map_errors_and_never_log_twice(tracker_dirs, tmp_path, monkeypatch):
+def test_a_rate_limited_open_and_a_call_repeated_after_success(tracker_dirs, tmp_path, monkeypatch):
+    """A call failing half-way and repeated: the contract suite. Here: open after a 429, and a call repeated once more after it worked."""
     import wandb
     from wandb.errors import CommError
 
@@ -364,9 +359,8 @@ def test_run_id_rules():
         assert wandb.Settings(run_id=run_id).run_id == run_id  # wandb's own validation accepts it
 
 
-def test_import_is_lazy_and_registry_builds_it_from_json_options():
-    code = "import sys, rllog, rllog_backends.wandb; assert 'wandb' not in sys.modules, 'wandb imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+def test_registry_builds_it_from_json_options():
+    """The import stays lazy: the contract suite."""
     from rllog.registry import create
 
     options = json.loads(json.dumps({"entity": "team", "settings": FAST, "max_table_rows": 500, "step_key": "train/step"}))

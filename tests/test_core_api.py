@@ -181,6 +181,38 @@ def test_protocol_is_structural_and_sink_objects_are_used_directly(tmp_path):
     assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["config"]["hub_token"] == "***REDACTED***"
 
 
+def test_optional_protocol_members_are_optional_and_capabilities_must_match_methods(tmp_path):
+    from rllog.errors import InvalidSink
+
+    class Minimal:  # no flush, no write_table, no write_alert: metrics only, written through
+        capabilities = rllog.Capabilities(tables=False)
+
+        def __init__(self):
+            self.got = []
+
+        def open(self, run_info):
+            pass
+
+        def write_metrics(self, records):
+            self.got += [r.values["x"] for r in records]
+
+        def close(self, status):
+            self.status = status
+
+    minimal = Minimal()
+    run = rllog.init(report_to=[minimal], run_dir=tmp_path / "r")
+    run.log({"x": 1.0})
+    run.log_table("t", {"a": [1]})  # a sink that takes no tables acknowledges them
+    report = run.finish()
+    assert report.ok and minimal.got == [1.0] and minimal.status == "finished" and report["minimal"].delivered == 2
+
+    class ClaimsAlerts(Minimal):
+        capabilities = rllog.Capabilities(tables=False, alerts=True)
+
+    with pytest.raises(InvalidSink, match="capabilities.alerts but has no write_alert"):
+        rllog.init(report_to=[ClaimsAlerts()], run_dir=tmp_path / "r2")
+
+
 def test_run_dir_that_is_not_writable_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
