@@ -31,6 +31,7 @@ from rllog.rundir import AGENT_LOG
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
 CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"  # the trainer's stdout, duplicated for the console backend
 OPTIONS_FROM_STDIN = "--options-stdin"
+LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
 
 log = logging.getLogger("rllog.agent")
 
@@ -298,7 +299,7 @@ def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | 
             on_progress=(lambda seq, name=spec.name: on_progress(name, seq)) if on_progress else None,
         )
         try:
-            followers.append(follower.start())
+            followers.append(follower.start(wait=LOCK_WAIT_SECONDS if follow else 0.0))
         except Exception:  # SinkBusy: someone else delivers this sink; stop what was started and say so
             for started in followers:
                 started.stop()

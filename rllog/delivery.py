@@ -37,7 +37,7 @@ from filelock import FileLock, Timeout
 
 from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.journal import Damage, End, JournalReader
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import MetricSink
 
 log = logging.getLogger("rllog.delivery")
@@ -166,7 +166,7 @@ class CursorStore:
 
 
 def _kind(record: Any) -> str:
-    return {MetricsRecord: "metrics", TableRecord: "table", AlertRecord: "alert"}.get(type(record), type(record).__name__)
+    return {MetricsRecord: "metrics", TableRecord: "table", AlertRecord: "alert", ConfigRecord: "config"}.get(type(record), type(record).__name__)
 
 
 class Follower:
@@ -228,8 +228,21 @@ class Follower:
         self._damage = Damage(**self.saved.damage)
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> "Follower":
-        self.cursor.acquire()
+    def start(self, wait: float = 0.0) -> "Follower":
+        """Take the sink's lock (waiting up to ``wait`` s for another deliverer, e.g. the agent of a run's
+        previous attempt finishing its work) and start delivering on a new thread."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.cursor.acquire()
+                break
+            except SinkBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+        self.saved = self.cursor.load()  # the other deliverer may have moved it
+        self.seq, self.ahead, self.status = self.saved.seq, set(self.saved.ahead), self.saved.status
+        self._damage = Damage(**self.saved.damage)
         self.thread = threading.Thread(target=self.run, name=f"rllog-follower-{self.name}", daemon=True)
         self.thread.start()
         return self
@@ -258,7 +271,7 @@ class Follower:
             while not self._stop.is_set():
                 gone = self.writer_gone()
                 batch = reader.read(self.batch_size, final=gone or not self.follow)
-                end = next((r for r in batch if isinstance(r, End)), None)
+                end = next((r for r in batch if isinstance(r, End) and r.ends_run(self.run_info.run_dir)), None)
                 records = [r for r in batch if not isinstance(r, End)]
                 if records and not self._deliver(records):
                     return
@@ -317,6 +330,7 @@ class Follower:
         sink = self.sink
         takes_tables = bool(todo) and getattr(sink.capabilities, "tables", False)
         takes_alerts = bool(todo) and getattr(sink.capabilities, "alerts", False)
+        takes_config = bool(todo) and getattr(sink.capabilities, "config", False) and hasattr(sink, "write_config")
         metrics = [r for r in todo if isinstance(r, MetricsRecord)]
         calls: list[tuple[list, Callable[[list], None]]] = []
         if metrics:
@@ -326,6 +340,8 @@ class Follower:
                 calls.append(([r], lambda part: sink.write_table(part[0])))
             elif isinstance(r, AlertRecord) and takes_alerts:
                 calls.append(([r], lambda part: sink.write_alert(part[0])))
+            elif isinstance(r, ConfigRecord) and takes_config:
+                calls.append(([r], lambda part: sink.write_config(part[0])))
         taken = {r.seq for part, _ in calls for r in part}
         self._durable.update(r.seq for r in todo if r.seq not in taken)  # a record no call takes is done
         for part, call in calls:

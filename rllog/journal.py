@@ -18,7 +18,9 @@ once its header checksum holds, so one damaged byte anywhere costs at most the f
 
 Kinds: metrics (JSON ``{"step", "time", "values"}``; NaN/inf as JSON's NaN/Infinity), table (u32 header
 length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), alert (JSON of the
-:class:`AlertRecord` fields), end (JSON ``{"status", "time"}``, seq 0).
+:class:`AlertRecord` fields), config (JSON ``{"step", "time", "values"}``), end (JSON ``{"status", "time"}``,
+seq 0). A resumed run (a new attempt) starts a new segment; an end marker followed by a later segment
+ended an attempt, not the run.
 
 One background thread per run writes (:class:`JournalWriter`); ``append`` only puts the entry in a
 deque (no disk wait). A writer never appends to a segment it did not create, and a write the disk
@@ -46,15 +48,15 @@ from typing import Any, Callable, Iterator, Union
 import pyarrow as pa
 
 from rllog.errors import RunDirError
-from rllog.records import AlertRecord, MetricsRecord, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, TableRecord
 
 log = logging.getLogger("rllog.journal")
 
 MAGIC = b"RLJ2"
 _PREFIX = struct.Struct("<4sBBHQI")  # the 20 bytes header_crc covers
 HEADER = struct.Struct("<4sBBHQIII")
-KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT = 1, 2, 3, 4
-KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT)
+KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG = 1, 2, 3, 4, 5
+KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG)
 SEGMENT_BYTES = 64 * 1024 * 1024
 SUFFIX = ".rlj"
 READ_CHUNK = 4 * 1024 * 1024
@@ -67,9 +69,15 @@ class End:
 
     status: str
     time: float
+    segment: str = field(default="", compare=False)  # the segment it was read from
+
+    def ends_run(self, run_dir: str | os.PathLike) -> bool:
+        """False when a later segment exists: this marker ended an attempt, and the run was resumed after it."""
+        later = segments(journal_dir(run_dir))
+        return not later or later[-1].name == self.segment or not self.segment
 
 
-Record = Union[MetricsRecord, TableRecord, AlertRecord]
+Record = Union[MetricsRecord, TableRecord, AlertRecord, ConfigRecord]
 
 
 @dataclass
@@ -126,6 +134,10 @@ def encode_alert(a: AlertRecord) -> bytes:
     return frame(KIND_ALERT, a.seq, json.dumps(fields).encode())
 
 
+def encode_config(c: ConfigRecord) -> bytes:
+    return frame(KIND_CONFIG, c.seq, json.dumps({"step": c.step, "time": c.time, "values": dict(c.values)}, default=str).encode())
+
+
 def encode_end(status: str, t: float) -> bytes:
     return frame(KIND_END, 0, json.dumps({"status": status, "time": t}).encode())
 
@@ -136,6 +148,9 @@ def _decode(kind: int, seq: int, payload: bytes) -> Record | End:
     if kind == KIND_METRICS:
         data = json.loads(payload)
         return MetricsRecord(seq, data["step"], data["time"], data["values"])
+    if kind == KIND_CONFIG:
+        data = json.loads(payload)
+        return ConfigRecord(seq, data["step"], data["time"], data["values"])
     if kind == KIND_TABLE:
         (n,) = struct.unpack_from("<I", payload)
         header = json.loads(payload[4 : 4 + n])
@@ -190,11 +205,13 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
             entry.tensors = None
 
 
-def _encode(entry: PendingMetrics | TableRecord | AlertRecord) -> bytes:
+def _encode(entry: PendingMetrics | TableRecord | AlertRecord | ConfigRecord) -> bytes:
     if isinstance(entry, PendingMetrics):
         return encode_metrics(entry.seq, entry.step, entry.time, entry.values)
     if isinstance(entry, AlertRecord):
         return encode_alert(entry)
+    if isinstance(entry, ConfigRecord):
+        return encode_config(entry)
     return encode_table(entry.seq, entry.step, entry.time, entry.name, entry.table)
 
 
@@ -254,7 +271,7 @@ class JournalWriter:
         self._size = 0
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
 
-    def append(self, entry: PendingMetrics | TableRecord | AlertRecord) -> None:
+    def append(self, entry: PendingMetrics | TableRecord | AlertRecord | ConfigRecord) -> None:
         """Queue one entry; returns at once."""
         self._pending.append(entry)
 
@@ -561,6 +578,8 @@ class JournalReader:
                 item = (kind, seq)
             pos = end
             if kind == KIND_END:
+                if self.decode:
+                    item = End(item.status, item.time, self._path.name if self._path else "")
                 self.end = item if self.decode else End("", 0.0)
             else:
                 self.after_seq = seq
@@ -636,3 +655,15 @@ def scan(run_dir: str | os.PathLike, final: bool = True) -> JournalScan:
 def last_seq(run_dir: str | os.PathLike) -> int:
     """The highest sequence number of a readable record in the journal (0 when empty)."""
     return scan(run_dir).last_seq
+
+
+def last_step(run_dir: str | os.PathLike) -> int:
+    """The step of the last metrics record in the journal (-1 when there is none); reads from the last segment back."""
+    for path in reversed(segments(journal_dir(run_dir))):
+        step = None
+        for record in read_all(run_dir, after_seq=_segment_key(path)[0] - 1):
+            if isinstance(record, MetricsRecord):
+                step = record.step
+        if step is not None:
+            return step
+    return -1

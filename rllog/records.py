@@ -51,6 +51,22 @@ class TableRecord:
 
 
 @dataclass(frozen=True)
+class ConfigRecord:
+    """One ``Run.update_config`` call: hyperparameters added or changed after ``init`` (flattened, secrets redacted).
+
+    Delivered to sinks whose ``capabilities.config`` is true, through their ``write_config(record)``.
+    """
+
+    seq: int
+    step: int
+    time: float
+    values: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "values", _frozen(self.values))
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """What a sink needs to open its tracker's run.
 

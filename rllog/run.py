@@ -24,30 +24,17 @@ from typing import Any, Callable, Mapping
 
 from rllog import distributed
 from rllog.delivery import Follower, RetryPolicy
-from rllog.errors import ForkedChild, InvalidArgument, InvalidStep, RunFinished
+from rllog.errors import ForkedChild, InvalidArgument, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
-from rllog.records import STATUSES, AlertRecord, RunInfo, TableRecord
+from rllog.records import STATUSES, AlertRecord, ConfigRecord, RunInfo, TableRecord
 from rllog.registry import parse_report_to
-from rllog.rundir import FinishReport, RunFile, SinkReport, SinkSpec, claim, default_run_dir, load_run_info, report
-from rllog.values import flatten_config, normalise_metrics, stack_scalars, to_arrow_table
+from rllog import journal
+from rllog.rundir import FinishReport, RunFile, RunLock, SinkReport, SinkSpec, claim, default_run_dir, find_run, holds_run, load_run_info, report
+from rllog.values import TableSchemas, check_step, flatten_config, normalise_metrics, redact, stack_scalars, to_arrow_table
 
 __all__ = ["Run", "NullRun", "FinishReport", "SinkReport", "load_run_info", "report"]
 
 log = logging.getLogger("rllog")
-
-INT64_MAX = 2**63 - 1
-
-
-def _check_step(step: Any) -> int:
-    if type(step) is int and 0 <= step <= INT64_MAX:
-        return step
-    if isinstance(step, bool) or not hasattr(step, "__index__"):
-        raise InvalidStep(f"step must be a non-negative int, got {type(step).__name__}: {step!r}")
-    step = step.__index__()  # numpy integers
-    if step < 0 or step > INT64_MAX:
-        raise InvalidStep(f"step must be an int in [0, 2**63 - 1] (every tracker stores steps as int64), got {step}")
-    return step
-
 
 def _to_host(tensors: dict[str, Any]) -> dict[str, float]:
     """One-element tensors -> floats with one device-to-host copy."""
@@ -72,6 +59,7 @@ class RunBase:
             distributed.reset()  # every rank creates its run object: a new run forgets the old run's keys
         self._step = -1
         self._finished: FinishReport | None = None
+        self._table_schemas = TableSchemas()  # a column's type may change between calls only as documented
 
     def _prepare_metrics(self, values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
         floats, tensors = normalise_metrics(values)
@@ -85,7 +73,7 @@ class RunBase:
         if self._distributed and self._takes_tables:
             rows = distributed.gather_rows(arrow.to_pylist())
             arrow = to_arrow_table(name, rows) if rows is not None else None
-        return arrow
+        return None if arrow is None else self._table_schemas.check(name, arrow)
 
     @property
     def step(self) -> int:
@@ -123,7 +111,7 @@ class NullRun(RunBase):
         if self._finished is not None:
             raise RunFinished("this run has finished")
         self._prepare_metrics(values)
-        self._step = self._step + 1 if step is None else _check_step(step)
+        self._step = self._step + 1 if step is None else check_step(step)
 
     def log_table(self, name: str, table: Any, step: int | None = None) -> None:
         if self._finished is not None:
@@ -144,6 +132,20 @@ def _takes_tables(selected: list) -> bool:
         if getattr(getattr(cls, "capabilities", None), "tables", False):
             return True
     return False
+
+
+RESUME_MODES = ("allow", "must", "never")
+
+
+def _check_resume(resume: Any, run_id: Any) -> str:
+    """``None`` is ``"never"``, unless a ``run_id`` is given: naming a run's id means continuing it if it exists."""
+    if resume is None:
+        resume = "allow" if run_id is not None else "never"
+    if resume not in RESUME_MODES:
+        raise InvalidArgument(f"resume must be one of {RESUME_MODES} (or None), got {resume!r}")
+    if run_id is not None and (not isinstance(run_id, str) or not run_id or not all(c.isalnum() or c in "-_." for c in run_id)):
+        raise InvalidArgument(f"run_id must be a non-empty string of letters, digits, '-', '_' and '.', got {run_id!r}")
+    return resume
 
 
 def _check_options(flush_interval: Any, max_pending: Any, delivery: Any) -> float:
@@ -186,14 +188,39 @@ class Run(RunBase):
         health: Any = True,
         max_pending: int = 100_000,
         reduce_across_ranks: bool | None = None,
+        run_id: str | None = None,
+        resume: str | None = None,
     ):
         self.flush_interval = _check_options(flush_interval, max_pending, delivery)
+        resume = _check_resume(resume, run_id)
         selected = parse_report_to(report_to)
         super().__init__(reduce_across_ranks)
         self._takes_tables = _takes_tables(selected) if self._distributed else True
-        run_id = secrets.token_hex(8)
-        self.run_dir = claim(Path(run_dir) if run_dir is not None else default_run_dir(name, run_id))
-        self.info = RunInfo(project, name or f"run-{run_id}", str(self.run_dir), run_id, flatten_config(config), tuple(tags))
+        existing = Path(run_dir) if run_dir is not None and holds_run(Path(run_dir)) else (find_run(run_id) if run_id and run_dir is None else None)
+        self.resumed = existing is not None and resume != "never"
+        if resume == "must" and not self.resumed:
+            raise RunDirError(f"resume='must' but there is no run to resume ({'run_dir ' + str(run_dir) if run_dir else 'run_id ' + str(run_id)})")
+        next_seq, attempts, config_flat = 1, [], flatten_config(config)
+        if self.resumed:
+            assert existing is not None
+            self.run_dir = existing.resolve()
+            self._run_lock = RunLock(self.run_dir).acquire(f"cannot resume {self.run_dir}")
+            previous = RunFile.read(self.run_dir)
+            if run_id is not None and run_id != previous.run_id:
+                self._run_lock.release()
+                raise RunDirError(f"{self.run_dir} holds run {previous.run_id!r}, not {run_id!r}")
+            project, name, run_id, tags = previous.project, previous.name, previous.run_id, tuple(tags) or tuple(previous.tags)
+            config_flat = {**previous.config, **config_flat}
+            attempts = list(previous.attempts) or [{"attempt": 1, "first_seq": 1, "started": previous.started, "pid": previous.pid}]
+            next_seq = journal.scan(self.run_dir).last_seq + 1
+            self._step = journal.last_step(self.run_dir)
+        else:
+            run_id = run_id or secrets.token_hex(8)
+            self.run_dir = claim(Path(run_dir) if run_dir is not None else default_run_dir(name, run_id))
+            self._run_lock = RunLock(self.run_dir).acquire(f"cannot start a run in {self.run_dir}")
+        self.attempt = len(attempts) + 1
+        self._attempts = attempts + [{"attempt": self.attempt, "first_seq": next_seq, "started": time.time(), "pid": os.getpid()}]
+        self.info = RunInfo(project, name or f"run-{run_id}", str(self.run_dir), run_id, config_flat, tuple(tags))
         self.delivery = delivery
         self.retry = retry or RetryPolicy()
         from rllog.registry import resolve
@@ -207,9 +234,9 @@ class Run(RunBase):
         self.max_pending = max_pending
         self._backpressure_warned = False
         self._monitor = _health_monitor(health)
-        self._writer = JournalWriter(self.run_dir, self.flush_interval / 2, on_written=self._check_health if self._monitor else None)
+        self._writer = JournalWriter(self.run_dir, self.flush_interval / 2, next_seq=next_seq, on_written=self._check_health if self._monitor else None)
         self._lock = threading.Lock()
-        self._seq = 0
+        self._seq = next_seq - 1
         self._finishing: threading.Event | None = None
         self._forked = False
         self._pid = os.getpid()
@@ -246,7 +273,7 @@ class Run(RunBase):
         floats, tensors = self._prepare_metrics(values)
         stacked = stack_scalars(list(tensors.values())) if tensors else None
         if step is not None:
-            step = _check_step(step)
+            step = check_step(step)
         now = time.time()
         with self._lock:
             self._check_open()
@@ -270,7 +297,7 @@ class Run(RunBase):
         """
         arrow = self._prepare_table(name, table)
         if step is not None:
-            step = _check_step(step)
+            step = check_step(step)
         now = time.time()
         with self._lock:
             self._check_open()
@@ -280,6 +307,42 @@ class Run(RunBase):
             self._writer.append(TableRecord(self._seq, step, now, name, arrow))
         if self._writer.backlog > self.max_pending:
             self._wait_for_journal()
+
+    def update_config(self, values: Any) -> None:
+        """Add or change hyperparameters after ``init`` (accelerate and Lightning hand config over late).
+
+        ``values`` is flattened and redacted like ``init``'s ``config`` and journaled; every sink that
+        takes config records it (MLflow params, wandb config, parquet's run file, ...).
+        """
+        flat = flatten_config(values)
+        now = time.time()
+        with self._lock:
+            self._check_open()
+            self._seq += 1
+            self._writer.append(ConfigRecord(self._seq, max(self._step, 0), now, flat))
+
+    def flush(self, timeout: float = 60.0) -> FinishReport:
+        """Block until every record logged before the call is written and flushed in every healthy sink.
+
+        Returns a report like ``finish``'s, on those records: ``delivered`` for a sink that holds them
+        all. A failed sink is not waited for; one still behind at ``timeout`` is reported ``pending``.
+        """
+        with self._lock:
+            self._check_open()
+            target = self._seq
+        deadline = time.monotonic() + timeout
+        self._writer.wake()
+        while self._writer.written_seq < target and time.monotonic() < deadline and self._writer.alive:
+            time.sleep(0.005)
+        from rllog.delivery import CursorStore, SinkState
+
+        stores = [CursorStore(self.run_dir, n) for n in self.sink_names]
+        while time.monotonic() < deadline:
+            cursors = [store.load() for store in stores]
+            if all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors):
+                break
+            time.sleep(0.02)
+        return report(self.run_dir, self.sink_names, upto=target)
 
     @property
     def run_id(self) -> str:
@@ -313,6 +376,7 @@ class Run(RunBase):
             if self._finished is None:
                 self._finished = FinishReport(notes=["finish() was interrupted"])
             _live_runs.discard(self)
+            self._run_lock.release()
             finishing.set()
         if not self._finished.ok:
             log.warning("rllog: run %s finished with undelivered records:\n%s", self.run_dir, self._finished)
@@ -382,12 +446,6 @@ class Run(RunBase):
         return Follower(name, sink, self.info, follow=True, flush_interval=self.flush_interval, retry=self.retry)
 
     def _run_file(self, options: dict | None = None) -> RunFile:
-        try:  # TEMP until values.redact lands
-            from rllog.values import redact
-        except ImportError:
-            def redact(x):  # type: ignore[misc]
-                return x
-
         options = options or {}
         return RunFile(
             project=self.info.project,
@@ -399,7 +457,8 @@ class Run(RunBase):
             retry=self.retry.as_dict(),
             sinks=[SinkSpec(n, redact(options.get(n, {}))) for n in self._named],
             pid=os.getpid(),
-            started=time.time(),
+            started=self._attempts[0]["started"],
+            attempts=self._attempts,
         )
 
 

@@ -53,6 +53,7 @@ class RunFile:
     sinks: list[SinkSpec] = field(default_factory=list)
     pid: int | None = None
     started: float | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
 
     def run_info(self, run_dir: str | os.PathLike) -> RunInfo:
         return RunInfo(self.project, self.name, str(Path(run_dir).resolve()), self.run_id, self.config, tuple(self.tags))
@@ -81,6 +82,43 @@ def default_run_dir(name: str | None, run_id: str) -> Path:
     base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return base / (f"{stamp}-{name}-{run_id}" if name else f"{stamp}-{run_id}")
+
+
+def find_run(run_id: str) -> Path | None:
+    """The run directory holding run ``run_id`` under the runs root (``$RLLOG_DIR`` or ``rllog_runs``), if any."""
+    base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
+    for candidate in sorted(base.glob(f"*{run_id}")) if base.is_dir() else []:
+        try:
+            if RunFile.read(candidate).run_id == run_id:
+                return candidate
+        except (FileNotFoundError, ValueError, TypeError, KeyError):
+            continue
+    return None
+
+
+def holds_run(run_dir: Path) -> bool:
+    return (run_dir / RUN_FILE).is_file()
+
+
+class RunLock:
+    """Held by the process that writes a run's journal, for as long as it does (released by the OS if it dies)."""
+
+    def __init__(self, run_dir: Path):
+        from filelock import FileLock
+
+        self._lock = FileLock(str(run_dir / "run.lock"), thread_local=False)
+
+    def acquire(self, what: str) -> "RunLock":
+        from filelock import Timeout
+
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise RunDirError(f"{what}: another live process writes this run ({self._lock.lock_file})") from None
+        return self
+
+    def release(self) -> None:
+        self._lock.release()
 
 
 def claim(run_dir: Path) -> Path:
@@ -162,7 +200,7 @@ class FinishReport(dict):
 
 
 def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None, *, unwritten: int = 0, notes: list[str] | None = None,
-           cause: str | None = None) -> FinishReport:
+           cause: str | None = None, upto: int | None = None) -> FinishReport:
     """Delivery state of every sink of ``run_dir``, from the journal (every frame verified) and the cursors.
 
     Args:
@@ -170,21 +208,24 @@ def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None, *, u
         notes: run-level facts to show with the report.
         cause: why delivery stopped, when the sinks' own cursors do not say (e.g. the agent kept dying);
             shown for pending sinks instead of the generic deadline message.
+        upto: report on the records up to this seq only (``Run.flush``): a sink that holds them all is
+            ``delivered`` whether or not it has closed.
     """
     run_dir = Path(run_dir)
     scan = journal.scan(run_dir)
-    total = scan.records + unwritten
+    total = (scan.count_upto(upto) if upto is not None else scan.records) + unwritten
     if sink_names is None:
         sink_names = CursorStore.names(run_dir)
     result = FinishReport(records=total, unwritten=unwritten, journal_damage=scan.damage, notes=list(notes or []))
     for name in sink_names:
         cursor = CursorStore(run_dir, name).load()
         dead = cursor.dead_letter_count
-        delivered = max(0, scan.count_upto(cursor.seq) + len(cursor.ahead) - dead)
+        ahead = len(cursor.ahead) if upto is None else len([a for a in cursor.ahead if a <= upto])
+        delivered = max(0, scan.count_upto(cursor.seq if upto is None else min(cursor.seq, upto)) + ahead - dead)
         pending = max(0, total - delivered - dead)
         if cursor.state in SinkState.BROKEN:
             state = FAILED
-        elif pending == 0 and cursor.state == SinkState.CLOSED:
+        elif pending == 0 and (cursor.state == SinkState.CLOSED or upto is not None):
             state = DELIVERED
         else:
             state = PENDING

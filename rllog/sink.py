@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,13 @@ class AlertSink(MetricSink, Protocol):
 
     def write_alert(self, record: AlertRecord) -> None:
         """Show or store one alert (step, rule, metric, value, message, level)."""
+
+
+class ConfigSink(MetricSink, Protocol):
+    """A sink with ``capabilities.config`` that also takes config given after ``open`` (``Run.update_config``)."""
+
+    def write_config(self, record: ConfigRecord) -> None:
+        """Record ``record.values`` (flattened, redacted) as added or changed hyperparameters."""
 
 
 class FlushingSink(MetricSink, Protocol):

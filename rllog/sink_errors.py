@@ -34,8 +34,9 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from rllog.errors import RateLimited, TransientError
 
@@ -43,7 +44,9 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSP
 #: SQLite's result codes for a full disk: its own, and the write errors a full disk causes without
 #: saying so (SQLite does not pass the OS's errno on; a WAL database on a full tmpfs fails to grow its
 #: shared-memory file with SQLITE_IOERR_SHMSIZE).
-SQLITE_DISK_FULL = frozenset({sqlite3.SQLITE_FULL, getattr(sqlite3, "SQLITE_IOERR_WRITE", 778), getattr(sqlite3, "SQLITE_IOERR_SHMSIZE", 4874)})
+SQLITE_DISK_FULL = frozenset(
+    {sqlite3.SQLITE_FULL, getattr(sqlite3, "SQLITE_IOERR_WRITE", 778), getattr(sqlite3, "SQLITE_IOERR_SHMSIZE", 4874)}
+)
 RETRY_AFTER = ("Retry-After",)
 #: The text urllib3's ``Retry`` leaves once its retries are used up ("too many 429 error responses"):
 #: the status, without the response.
@@ -82,7 +85,9 @@ def _status_of(obj: Any, names: Sequence[str] = ("status_code", "status")) -> in
     return None
 
 
-def http_status(exc: BaseException, patterns: Sequence[re.Pattern[str]] = (URLLIB3_RETRIES,), wrapped: Sequence[str] = ()) -> tuple[int | None, Any]:
+def http_status(
+    exc: BaseException, patterns: Sequence[re.Pattern[str]] = (URLLIB3_RETRIES,), wrapped: Sequence[str] = ()
+) -> tuple[int | None, Any]:
     """``(status, response)`` of the HTTP failure behind ``exc``, or ``(None, None)``.
 
     A ``response`` (with ``status_code`` or ``status``) anywhere in the chain wins, or an exception's
@@ -141,7 +146,9 @@ def _header(headers: Any, name: str) -> Any:
     return value
 
 
-def retry_after(source: Any, headers: Sequence[str] = RETRY_AFTER, now: float | None = None, wrapped: Sequence[str] = ()) -> float | None:
+def retry_after(
+    source: Any, headers: Sequence[str] = RETRY_AFTER, now: float | None = None, wrapped: Sequence[str] = ()
+) -> float | None:
     """Seconds from the first parsable of ``headers`` on a response: ``source`` itself, or the
     ``response`` of an exception in ``source``'s chain. None when no response says."""
     if isinstance(source, BaseException):
@@ -218,7 +225,11 @@ def retry_error(
             return special
     status, response = http_status(exc, status_patterns, wrapped)
     if status == 429:
-        seconds = retry_after(response, retry_after_headers) if response is not None else retry_after(exc, retry_after_headers, wrapped=wrapped)
+        seconds = (
+            retry_after(response, retry_after_headers)
+            if response is not None
+            else retry_after(exc, retry_after_headers, wrapped=wrapped)
+        )
         return RateLimited(seconds, message=f"{prefix}HTTP 429: {exc}")
     if status is not None:
         return TransientError(f"{prefix}HTTP {status}: {exc}") if status >= 500 or status == 408 else None

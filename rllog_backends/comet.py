@@ -46,9 +46,10 @@ import os
 import re
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -156,7 +157,7 @@ def decode_cell(text: str, kind: str) -> Any:
 def table_csv(record: TableRecord) -> tuple[str, list[list[str]]]:
     """The CSV text of a table and its ``[[column, kind], ...]``."""
     table = record.table
-    kinds = [[name, column_kind(col.type, col.null_count)] for name, col in zip(table.column_names, table.columns)]
+    kinds = [[name, column_kind(col.type, col.null_count)] for name, col in zip(table.column_names, table.columns, strict=True)]
     out = io.StringIO()
     writer = csv.writer(out, dialect="excel")
     writer.writerow(table.column_names)
@@ -392,7 +393,7 @@ class CometSink:
         """Wait (up to ``flush_timeout``) until Comet has written (offline) or sent (online) what it got."""
         experiment = self._require_open()
         with _mapped_errors():
-            experiment.flush(timeout=int(math.ceil(self.flush_timeout)))
+            experiment.flush(timeout=math.ceil(self.flush_timeout))
             if self._offline:
                 _wait_offline_written(experiment, self.flush_timeout)
 

@@ -33,8 +33,9 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Sequence
+from typing import Any
 
 from rllog.catalog import crucial_keys, format_range, health, lookup
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
@@ -64,7 +65,7 @@ def fmt_value(value: float) -> str:
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "-"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
@@ -145,7 +146,14 @@ class ConsoleSink:
         if live:
             from rich.live import Live
 
-            self._live = Live(self._render(), console=self.console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False)
+            self._live = Live(
+                self._render(),
+                console=self.console,
+                auto_refresh=False,
+                transient=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self._live.start(refresh=True)
             self._last_draw = time.monotonic()
         else:
@@ -200,7 +208,9 @@ class ConsoleSink:
                 self._live = None
             else:
                 step = self._last[0] if self._last else "-"
-                self._print(f"rllog: run {self.run_info.name if self.run_info else ''} {status} at step {step} ({self.alert_count} alert{'' if self.alert_count == 1 else 's'})")
+                self._print(
+                    f"rllog: run {self.run_info.name if self.run_info else ''} {status} at step {step} ({self.alert_count} alert{'' if self.alert_count == 1 else 's'})"
+                )
             if self._file is not None:
                 try:
                     self._file.flush()
@@ -234,7 +244,12 @@ class ConsoleSink:
     def _print_alert(self, a: AlertRecord) -> None:
         from rich.text import Text
 
-        self._print(Text(f"{a.level.upper()} step {a.step} [{a.rule}] {a.metric}={fmt_value(a.value)}: {a.message}", style=LEVEL_STYLE.get(a.level, "yellow")))
+        self._print(
+            Text(
+                f"{a.level.upper()} step {a.step} [{a.rule}] {a.metric}={fmt_value(a.value)}: {a.message}",
+                style=LEVEL_STYLE.get(a.level, "yellow"),
+            )
+        )
 
     # -- the live panel ---------------------------------------------------------------------------
     def rate(self) -> float | None:
@@ -315,10 +330,17 @@ class ConsoleSink:
         if self.alerts:
             parts.append(Text(f"alerts ({self.alert_count}):", style="bold"))
             for a in self.alerts:
-                parts.append(Text(f"step {a.step} {a.level.upper()} [{a.rule}] {a.metric}={fmt_value(a.value)}: {a.message}", style=LEVEL_STYLE.get(a.level, "yellow")))
+                parts.append(
+                    Text(
+                        f"step {a.step} {a.level.upper()} [{a.rule}] {a.metric}={fmt_value(a.value)}: {a.message}",
+                        style=LEVEL_STYLE.get(a.level, "yellow"),
+                    )
+                )
         for name, (n, rows) in sorted(self.tables.items()):
             parts.append(Text(f"table {name}: logged {n} times, {rows} rows", style="dim"))
         info = self.run_info
         title = f"rllog: {info.project}/{info.name}" if info else "rllog"
         status_style = {"running": "cyan", "finished": "green", "failed": "red", "killed": "red"}.get(self.status, "")
-        return Panel(Group(*parts), title=title, subtitle=Text(self.status, style=status_style), title_align="left", border_style="blue")
+        return Panel(
+            Group(*parts), title=title, subtitle=Text(self.status, style=status_style), title_align="left", border_style="blue"
+        )

@@ -19,8 +19,9 @@ import math
 import os
 import posixpath
 import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
@@ -282,7 +283,7 @@ class MlflowSink:
                 # Strictly increasing per record: MLflow orders a history by timestamp and stores
                 # identical (key, timestamp, step, value) once, so a repeated step in the same ms
                 # would otherwise be reordered or merged.
-                last = timestamp = max(int(round(record.time * 1000)), last + 1)
+                last = timestamp = max(round(record.time * 1000), last + 1)
                 for key, value in record.values.items():
                     metrics.append(Metric(self._metric_names(key), float(value), timestamp, int(record.step)))
             for i, chunk in enumerate(_chunks(metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80)):
@@ -295,7 +296,9 @@ class MlflowSink:
 
     def write_table(self, record: TableRecord) -> None:
         columns = record.table.column_names
-        data = [[_json_cell(v) for v in row] for row in zip(*(column.to_pylist() for column in record.table.columns))]
+        data = [
+            [_json_cell(v) for v in row] for row in zip(*(column.to_pylist() for column in record.table.columns), strict=True)
+        ]
         # The format of MlflowClient.log_table (pandas "split", no index), so load_table reads it.
         text = json.dumps({"columns": columns, "data": data}, default=str)
         with _mapped_errors():
@@ -328,7 +331,9 @@ class MlflowSink:
                 if experiment is None:
                     raise exc
         if experiment.lifecycle_stage == "deleted":
-            raise ValueError(f"MLflow experiment {name!r} is deleted: restore it (`mlflow experiments restore`) or use another project name")
+            raise ValueError(
+                f"MLflow experiment {name!r} is deleted: restore it (`mlflow experiments restore`) or use another project name"
+            )
         return experiment.experiment_id
 
     def _artifact_location(self, experiment: str, uri: str | None) -> str | None:
@@ -343,7 +348,9 @@ class MlflowSink:
 
     def _find_run(self, run_id: str) -> Any:
         quote = '"' if "'" in run_id else "'"
-        runs = self._client.search_runs([self.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = {quote}{run_id}{quote}", max_results=1)
+        runs = self._client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{RUN_ID_TAG}` = {quote}{run_id}{quote}", max_results=1
+        )
         return runs[0] if runs else None
 
     def _resume_state(self, tags: dict[str, str]) -> None:
@@ -366,7 +373,9 @@ class MlflowSink:
         """Record a collision rename as a run tag, so a resumed sink makes the same choice."""
         value = json.dumps({"kind": kind, "key": key, "name": name})
         if self.run_id is not None and len(value) <= MAX_TAG_VALUE_LENGTH:
-            self._client.set_tag(self.run_id, f"{RENAMED_TAG_PREFIX}{kind}.{_short_hash(kind + ':' + key)}", value, synchronous=True)
+            self._client.set_tag(
+                self.run_id, f"{RENAMED_TAG_PREFIX}{kind}.{_short_hash(kind + ':' + key)}", value, synchronous=True
+            )
 
     def _register_table(self, directory: str, path: str) -> None:
         """List the table's newest file in ``mlflow.loggedArtifacts`` (what the MLflow UI shows as tables).
@@ -376,11 +385,17 @@ class MlflowSink:
         """
         if self._logged_artifacts is None:
             return
-        entries = [e for e in self._logged_artifacts if not (isinstance(e, dict) and posixpath.dirname(str(e.get("path", ""))) == directory)]
+        entries = [
+            e
+            for e in self._logged_artifacts
+            if not (isinstance(e, dict) and posixpath.dirname(str(e.get("path", ""))) == directory)
+        ]
         entries.append({"path": path, "type": "table"})
         value = json.dumps(entries)
         if len(value) > MAX_TAG_VALUE_LENGTH:
-            logger.warning("mlflow: too many table names to list in %s; later tables are only in the artifacts", LOGGED_ARTIFACTS_TAG)
+            logger.warning(
+                "mlflow: too many table names to list in %s; later tables are only in the artifacts", LOGGED_ARTIFACTS_TAG
+            )
             self._logged_artifacts = None
             return
         self._client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, value, synchronous=True)

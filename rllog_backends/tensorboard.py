@@ -48,7 +48,8 @@ import os
 import re
 import socket
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rllog.records import MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
@@ -137,7 +138,10 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Mapping[str, Any]], ma
             cells.append(escape_cell(text))
         lines.append("| " + " | ".join(cells) + " |")
     if shortened:
-        lines += ["", f"_{shortened} cell{'s' if shortened != 1 else ''} shortened to {max_cell_chars} characters (ending in \u2026)._"]
+        lines += [
+            "",
+            f"_{shortened} cell{'s' if shortened != 1 else ''} shortened to {max_cell_chars} characters (ending in \u2026)._",
+        ]
     return "\n".join(lines)
 
 
@@ -147,7 +151,7 @@ def parse_markdown_table(text: str) -> list[dict[str, str]]:
     if len(lines) < 2:
         return []
     header = _split_row(lines[0])
-    return [dict(zip(header, _split_row(line))) for line in lines[2:]]
+    return [dict(zip(header, _split_row(line), strict=False)) for line in lines[2:]]
 
 
 def _split_row(line: str) -> list[str]:
@@ -201,6 +205,8 @@ class TensorBoardSink:
             self.logdir = os.path.join(base, run_info.name) if base else os.path.join(run_info.run_dir, "tensorboard")
         self._layers = [_Layer(self._layer_path(0))]
         self._recover()
+        for layer in self._layers:
+            layer.commit()  # what the files already hold is the starting point of a roll-back
         main = self._layers[0]
         config = dict(run_info.config)
         text = markdown_table(["key", "value"], [{"key": k, "value": v} for k, v in config.items()])
@@ -220,9 +226,13 @@ class TensorBoardSink:
         for r in records:
             by_layer: dict[int, list] = {}
             for key, value in r.values.items():
-                by_layer.setdefault(self._layer_for(key, r.step), []).append(summary_pb2.Summary.Value(tag=key, simple_value=value))
+                by_layer.setdefault(self._layer_for(key, r.step), []).append(
+                    summary_pb2.Summary.Value(tag=key, simple_value=value)
+                )
             for i, values in by_layer.items():
-                self._layers[i].add_event(event_pb2.Event(wall_time=r.time, step=r.step, summary=summary_pb2.Summary(value=values)))
+                self._layers[i].add_event(
+                    event_pb2.Event(wall_time=r.time, step=r.step, summary=summary_pb2.Summary(value=values))
+                )
             self._last_step = max(self._last_step, r.step)
         self.flush()  # in the OS's hands before the delivery layer moves its cursor past the batch
 
@@ -262,9 +272,13 @@ class TensorBoardSink:
             from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
             code = api_pb2.STATUS_SUCCESS if status == "finished" else api_pb2.STATUS_FAILURE
-            data = plugin_data_pb2.HParamsPluginData(session_end_info=plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=now))
+            data = plugin_data_pb2.HParamsPluginData(
+                session_end_info=plugin_data_pb2.SessionEndInfo(status=code, end_time_secs=now)
+            )
             summary = summary_pb2.Summary()
-            summary.value.add(tag=metadata.SESSION_END_INFO_TAG, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR)
+            summary.value.add(
+                tag=metadata.SESSION_END_INFO_TAG, metadata=metadata.create_summary_metadata(data), tensor=metadata.NULL_TENSOR
+            )
             main.add_event(event_pb2.Event(wall_time=now, step=self._last_step, summary=summary))
         self.flush()
         self._layers = []
@@ -319,6 +333,7 @@ class _Layer:
 
         self.path = path
         self.high: dict[str, int] = {}
+        self._committed_high: dict[str, int] = {}  # ``high`` as of the last complete flush
         self._file: str | None = None
         self._committed = 0  # bytes of the file written by complete flushes
         self._pending = io.BytesIO()
@@ -328,8 +343,11 @@ class _Layer:
         if self._file is None and not self._pending.tell():
             from tensorboard.compat.proto import event_pb2
 
-            version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2",
-                                      source_metadata=event_pb2.SourceMetadata(writer="rllog_backends.tensorboard"))
+            version = event_pb2.Event(
+                wall_time=time.time(),
+                file_version="brain.Event:2",
+                source_metadata=event_pb2.SourceMetadata(writer="rllog_backends.tensorboard"),
+            )
             self._records.write(version.SerializeToString())
         self._records.write(event.SerializeToString())
 
@@ -339,19 +357,25 @@ class _Layer:
             return
         if self._file is None:
             os.makedirs(self.path, exist_ok=True)
-            self._file = os.path.join(self.path, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS):06d}")
+            self._file = os.path.join(
+                self.path,
+                f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS):06d}",
+            )
         with open(self._file, "ab", buffering=0) as f:
             view = memoryview(data)
             while view:
-                view = view[f.write(view):]
+                view = view[f.write(view) :]
 
     def commit(self) -> None:
         self._committed += self._pending.tell()
+        self._committed_high = dict(self.high)
         self._clear()
 
     def roll_back(self) -> None:
-        """Cut the file back to its last complete flush (a file with nothing committed goes) and drop the new events."""
+        """Cut the file back to its last complete flush (a file with nothing committed goes), drop the new
+        events and forget their steps (the repeated call places them again, in the same layers)."""
         self._clear()
+        self.high = dict(self._committed_high)
         if self._file is None:
             return
         with contextlib.suppress(FileNotFoundError):

@@ -37,8 +37,9 @@ import logging
 import os
 import sqlite3
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Sequence
+from typing import Any
 
 from rllog.errors import TransientError
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
@@ -158,10 +159,24 @@ class TrackioSink:
 
     def write_alert(self, record: AlertRecord) -> None:
         """A health alert as a trackio alert (deduplicated on its ``seq``)."""
-        self._store_alert(f"{record.rule}: {record.metric}", record.message, level="error" if record.level == "error" else "warn",
-                          step=record.step, time=record.time, alert_id=uuid.uuid5(uuid.NAMESPACE_URL, f"rllog:{self._run.id}:{record.seq}").hex)
+        self._store_alert(
+            f"{record.rule}: {record.metric}",
+            record.message,
+            level="error" if record.level == "error" else "warn",
+            step=record.step,
+            time=record.time,
+            alert_id=uuid.uuid5(uuid.NAMESPACE_URL, f"rllog:{self._run.id}:{record.seq}").hex,
+        )
 
-    def _store_alert(self, title: str, text: str | None = None, level: str = "warn", step: int | None = None, time: float | None = None, alert_id: str | None = None) -> None:
+    def _store_alert(
+        self,
+        title: str,
+        text: str | None = None,
+        level: str = "warn",
+        step: int | None = None,
+        time: float | None = None,
+        alert_id: str | None = None,
+    ) -> None:
         """Store a trackio alert (listed in the dashboard's alerts).
 
         ``level`` is ``info``, ``warn`` or ``error``; ``step`` defaults to the last step written.
@@ -174,14 +189,34 @@ class TrackioSink:
         if self._jsonl:
             from trackio import fragments
 
-            entry = {"project": self.project, "run": run.name, "run_id": run.id, "title": title, "text": text,
-                     "level": level, "step": step, "timestamp": timestamp, "alert_id": alert_id}
+            entry = {
+                "project": self.project,
+                "run": run.name,
+                "run_id": run.id,
+                "title": title,
+                "text": text,
+                "level": level,
+                "step": step,
+                "timestamp": timestamp,
+                "alert_id": alert_id,
+            }
             self._call(lambda: self._fragments.write_local([fragments.alert_record(entry)]))
         else:
             from trackio.sqlite_storage import SQLiteStorage
 
-            self._call(lambda: SQLiteStorage.bulk_alert(project=self.project, run=run.name, run_id=run.id, titles=[title], texts=[text],
-                                                        levels=[level], steps=[step], timestamps=[timestamp], alert_ids=[alert_id]))
+            self._call(
+                lambda: SQLiteStorage.bulk_alert(
+                    project=self.project,
+                    run=run.name,
+                    run_id=run.id,
+                    titles=[title],
+                    texts=[text],
+                    levels=[level],
+                    steps=[step],
+                    timestamps=[timestamp],
+                    alert_ids=[alert_id],
+                )
+            )
 
     def flush(self) -> None:
         """Nothing to do: every write is committed before it returns."""
@@ -213,16 +248,36 @@ class TrackioSink:
             from trackio import fragments
 
             records = [
-                fragments.metric_record({"project": self.project, "run": run.name, "run_id": run.id, "metrics": m, "step": s,
-                                         "timestamp": t, "config": config if i == 0 else None, "log_id": lid})
-                for i, (m, s, t, lid) in enumerate(zip(metrics, steps, timestamps, log_ids))
+                fragments.metric_record(
+                    {
+                        "project": self.project,
+                        "run": run.name,
+                        "run_id": run.id,
+                        "metrics": m,
+                        "step": s,
+                        "timestamp": t,
+                        "config": config if i == 0 else None,
+                        "log_id": lid,
+                    }
+                )
+                for i, (m, s, t, lid) in enumerate(zip(metrics, steps, timestamps, log_ids, strict=True))
             ]
             self._call(lambda: self._fragments.write_local(records))
         else:
             from trackio.sqlite_storage import SQLiteStorage
 
-            self._call(lambda: SQLiteStorage.bulk_log(project=self.project, run=run.name, run_id=run.id, metrics_list=metrics,
-                                                      steps=steps, timestamps=timestamps, config=config, log_ids=log_ids))
+            self._call(
+                lambda: SQLiteStorage.bulk_log(
+                    project=self.project,
+                    run=run.name,
+                    run_id=run.id,
+                    metrics_list=metrics,
+                    steps=steps,
+                    timestamps=timestamps,
+                    config=config,
+                    log_ids=log_ids,
+                )
+            )
         self._config_written = True
         self._last_step = max(self._last_step, *steps)
 

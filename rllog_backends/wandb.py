@@ -39,9 +39,10 @@ import re
 import struct
 import time
 import zlib
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
@@ -143,7 +144,7 @@ def exit_written(path: str | os.PathLike) -> bool:
             pos += left
             continue
         crc, length, kind = struct.unpack_from("<IHB", data, pos - start)
-        chunk = data[pos - start + 7:pos - start + 7 + length]
+        chunk = data[pos - start + 7 : pos - start + 7 + length]
         if kind == 0 or len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
             return False
         pos += 7 + length
@@ -308,15 +309,21 @@ class WandbSink:
 
         table = record.table
         columns = [str(c) for c in table.column_names]
-        rows = [list(r) for r in zip(*(table.column(i).to_pylist() for i in range(table.num_columns)))] if table.num_columns else []
+        rows = (
+            [list(r) for r in zip(*(table.column(i).to_pylist() for i in range(table.num_columns)), strict=True)]
+            if table.num_columns
+            else []
+        )
         rows = [[_cell(v) for v in r] for r in rows]
         name = wandb_key(record.name, self.step_key)
         n = min(self.max_table_rows, getattr(wandb.Table, "MAX_ROWS", MAX_TABLE_ROWS))  # never above wandb's cut
         if len(rows) <= n:
             parts = {name: rows}
         else:
-            parts = {f"{name}/part_{i}": rows[i * n:(i + 1) * n] for i in range(math.ceil(len(rows) / n))}
-        row: dict[str, Any] = {key: wandb.Table(columns=columns, data=data, allow_mixed_types=True) for key, data in parts.items()}
+            parts = {f"{name}/part_{i}": rows[i * n : (i + 1) * n] for i in range(math.ceil(len(rows) / n))}
+        row: dict[str, Any] = {
+            key: wandb.Table(columns=columns, data=data, allow_mixed_types=True) for key, data in parts.items()
+        }
         row[self.step_key] = record.step
         with _mapped():
             run.log(row)
@@ -331,7 +338,12 @@ class WandbSink:
 
         level = wandb.AlertLevel.ERROR if record.level == "error" else wandb.AlertLevel.WARN
         with _mapped():
-            run.alert(title=f"{record.rule}: {record.metric}", text=f"step {record.step}: {record.message}", level=level, wait_duration=1)
+            run.alert(
+                title=f"{record.rule}: {record.metric}",
+                text=f"step {record.step}: {record.message}",
+                level=level,
+                wait_duration=1,
+            )
 
     def flush(self) -> None:
         # wandb sends every `log` to its service process asynchronously; a summary read is a round

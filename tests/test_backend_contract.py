@@ -18,14 +18,13 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from readers import BACKENDS, hook, read_back
 
 import rllog
-from readers import BACKENDS, hook, read_back
 from rllog import registry
 from rllog.errors import TransientError
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
@@ -77,7 +76,7 @@ def same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     return a == b
@@ -95,15 +94,44 @@ def expected_rows(backend: str, columns: dict) -> list[dict]:
 
 # -- end to end -------------------------------------------------------------------------------------
 KEYS = [
-    "loss", "grad_norm", "learning_rate", "num_tokens", "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy",
-    "rewards/accuracy/mean", "rewards/accuracy/std", "rewards/format/mean", "rewards/format/std",
-    "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
-    "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length",
-    "clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max", "clip_ratio/region_mean",
-    "step_time", "epoch", "train/global_step_copy", "eval/reward", "objective/kl",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "num_tokens",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "rewards/accuracy/mean",
+    "rewards/accuracy/std",
+    "rewards/format/mean",
+    "rewards/format/std",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
+    "step_time",
+    "epoch",
+    "train/global_step_copy",
+    "eval/reward",
+    "objective/kl",
 ]
 RUN_CONFIG = {"learning_rate": 1e-6, "beta": 0.04, "hub_token": "hf_very_secret", "model": {"name": "tiny-qwen", "layers": 2}}
-TABLE_0 = {"prompt": ["What is 1+1?", "Name a colour"], "completion": ["2", "blue"], "rewards/accuracy": [1.0, 0.5], "advantage": [0.75, -0.25]}
+TABLE_0 = {
+    "prompt": ["What is 1+1?", "Name a colour"],
+    "completion": ["2", "blue"],
+    "rewards/accuracy": [1.0, 0.5],
+    "advantage": [0.75, -0.25],
+}
 TABLE_20 = {"prompt": ["What is 2+2?"], "completion": ["4"], "rewards/accuracy": [1.0], "advantage": [0.5], "n_chars": [1]}
 
 
@@ -114,8 +142,16 @@ def value(step: int, i: int) -> float:
 def test_a_run_through_rllog_init_arrives_exactly(backend, tracker_dirs, tmp_path):
     """The same GRPO-shaped run through ``rllog.init`` (journal, agent, delivery), compared value by value."""
     options = {backend: hook(backend, "OPTIONS")} if hook(backend, "OPTIONS") else None
-    run = rllog.init(report_to=backend, project="behaviour", name="grpo-run", config=RUN_CONFIG, run_dir=tmp_path / "run",
-                     flush_interval=0.2, health=False, backend_options=options)
+    run = rllog.init(
+        report_to=backend,
+        project="behaviour",
+        name="grpo-run",
+        config=RUN_CONFIG,
+        run_dir=tmp_path / "run",
+        flush_interval=0.2,
+        health=False,
+        backend_options=options,
+    )
     for step in range(50):
         run.log({k: value(step, i) for i, k in enumerate(KEYS)}, step=step)
         if step == 0:
@@ -252,8 +288,11 @@ def test_alerts(backend, tracker_dirs):
     level = hook(backend, "alert_level")
     got = [(a["title"], a["text"], a["level"]) for a in alerts]
     assert len(got) == 2, got
-    for (title, text, stored_level), (rule, metric, message, lvl) in zip(got, [("entropy_collapse", "entropy", "entropy fell below 0.1", "error"),
-                                                                             ("ratio_far_from_one", "val/ratio", "val/ratio is 1.6", "warning")]):
+    sent = [
+        ("entropy_collapse", "entropy", "entropy fell below 0.1", "error"),
+        ("ratio_far_from_one", "val/ratio", "val/ratio is 1.6", "warning"),
+    ]
+    for (title, text, stored_level), (rule, metric, message, lvl) in zip(got, sent, strict=True):
         assert rule in title and metric in title and message in text and stored_level == level(lvl)
 
 
@@ -299,7 +338,10 @@ def small_disk(tmp_path):
     """A 16 MB tmpfs (root only), unmounted after the test."""
     path = tmp_path / "disk"
     path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True).returncode
+    ):
         pytest.skip("mounting a tmpfs needs root")
     try:
         yield path
@@ -322,7 +364,10 @@ def fill(disk: Path) -> Path:
 
 def on_disk(monkeypatch, disk: Path) -> dict:
     """Every tracker's storage moved onto ``disk``; the ``tracker_dirs``-style dict for it."""
-    env = {name: str(disk / name.lower()) for name in ("WANDB_DIR", "TRACKIO_DIR", "COMET_OFFLINE_DIRECTORY", "TENSORBOARD_LOGGING_DIR", "MLFLOW_ARTIFACT_ROOT")}
+    env = {
+        name: str(disk / name.lower())
+        for name in ("WANDB_DIR", "TRACKIO_DIR", "COMET_OFFLINE_DIRECTORY", "TENSORBOARD_LOGGING_DIR", "MLFLOW_ARTIFACT_ROOT")
+    }
     for name, path in env.items():
         os.makedirs(path)
         monkeypatch.setenv(name, path)

@@ -13,16 +13,14 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
-
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from fault_proxy import FaultProxy
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
-from readers.mlflow import find_run, read_back
+from readers.mlflow import find_run, prepare, read_back
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
@@ -32,22 +30,11 @@ T0 = 1_700_000_000.0
 GRPO_KEYS = ["reward", "reward_std", "rewards/accuracy/mean", "completions/mean_length", "clip_ratio/low_mean", "kl", "entropy"]
 
 
-@pytest.fixture(scope="module")
-def _migrated_db(tmp_path_factory):
-    """An MLflow sqlite database with the schema already migrated (migrations take ~3 s per new file)."""
-    path = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
-    from mlflow import MlflowClient
-
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
-    return path
-
-
 @pytest.fixture(autouse=True)
-def _mlflow_db(tracker_dirs, _migrated_db):
-    """Put a migrated copy of the database where conftest's MLFLOW_TRACKING_URI points."""
-    uri = tracker_dirs["MLFLOW_TRACKING_URI"]
-    shutil.copy(_migrated_db, uri[len("sqlite:///") :])
-    return uri
+def _mlflow_db(tracker_dirs, monkeypatch):
+    """A migrated copy of the database where conftest's MLFLOW_TRACKING_URI points (migrating takes seconds)."""
+    prepare(monkeypatch, tracker_dirs)
+    return tracker_dirs["MLFLOW_TRACKING_URI"]
 
 
 @pytest.fixture
@@ -58,7 +45,9 @@ def client(tracker_dirs):
 
 
 def make_info(tmp: str, run_id: str = "rllog-run-0001", config=None, **kw) -> RunInfo:
-    return RunInfo(project="grpo-math", name="grpo-tiny", run_dir=str(Path(tmp) / "run"), run_id=run_id, config=config or {"lr": 1e-5}, **kw)
+    return RunInfo(
+        project="grpo-math", name="grpo-tiny", run_dir=str(Path(tmp) / "run"), run_id=run_id, config=config or {"lr": 1e-5}, **kw
+    )
 
 
 def rec(seq: int, step: int, values: dict, t: float | None = None) -> MetricsRecord:
@@ -126,7 +115,9 @@ def test_sanitised_keys_and_collisions(tracker_dirs, client, caplog):
     sink = MlflowSink()
     sink.open(info)
     with caplog.at_level(logging.WARNING, logger="rllog_backends.mlflow"):
-        sink.write_metrics([rec(1, 0, {"eval/acc@1": 0.5, "loss(mean)": 1.5, "a,b": 2.5, "x//y": 3.5, "z/": 4.5, LONG: 5.5, "acc@k": 6.5})])
+        sink.write_metrics(
+            [rec(1, 0, {"eval/acc@1": 0.5, "loss(mean)": 1.5, "a,b": 2.5, "x//y": 3.5, "z/": 4.5, LONG: 5.5, "acc@k": 6.5})]
+        )
         sink.write_metrics([rec(2, 1, {"acc(k": 7.5, "acc@k": 8.5}), rec(3, 2, {"acc(k": 9.5})])
     sink.close("finished")
 
@@ -172,7 +163,8 @@ def test_2500_metrics_in_one_record_are_batched_and_all_arrive(tracker_dirs, cli
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "m/2499")] == [(7, 2499.25)]
 
 
-def test_backwards_step_timestamps_and_non_finite(tracker_dirs, client):
+def test_timestamps_precision_and_order_with_a_backwards_step(tracker_dirs, client):
+    """NaN/inf and a backwards step read back: the contract suite. Here: MLflow's timestamps, order and precision."""
     info = make_info(tracker_dirs["tmp"])
     sink = MlflowSink()
     sink.open(info)
@@ -199,7 +191,9 @@ def test_same_millisecond_records_keep_their_order_and_are_not_merged(tracker_di
     sink = MlflowSink()
     sink.open(info)
     # All logged within one millisecond; the last one repeats step 1 with the same value.
-    records = [rec(i + 1, step, {"reward": value}, t=T0) for i, (step, value) in enumerate([(0, 0.0), (1, 0.5), (2, 1.0), (1, 0.5)])]
+    records = [
+        rec(i + 1, step, {"reward": value}, t=T0) for i, (step, value) in enumerate([(0, 0.0), (1, 0.5), (2, 1.0), (1, 0.5)])
+    ]
     sink.write_metrics(records[:2])
     sink.write_metrics(records[2:])
     sink.close("finished")
@@ -224,7 +218,13 @@ def test_tables_at_two_steps_with_a_new_column(tracker_dirs, client):
     got = read_back(tracker_dirs, info).tables
     assert got == {
         "completions": [
-            (0, [{"prompt": "2+2?", "completion": "4", "reward": 1.0}, {"prompt": "3*3?", "completion": "9 <think>", "reward": 0.123456789012345678}]),
+            (
+                0,
+                [
+                    {"prompt": "2+2?", "completion": "4", "reward": 1.0},
+                    {"prompt": "3*3?", "completion": "9 <think>", "reward": 0.123456789012345678},
+                ],
+            ),
             (20, [{"prompt": "1+1?", "completion": "2", "reward": None, "advantage": -0.5}]),  # NaN cell -> null
             (0, [{"prompt": "again", "completion": "same step", "reward": 0.0}]),
         ],
@@ -291,36 +291,23 @@ def test_config_params_batched_truncated_and_redacted(tracker_dirs, client):
     assert tags["baseline"] == "" and tags["cpu run"] == ""
 
 
-def test_status_mapping(tracker_dirs, client):
-    for i, status in enumerate(["finished", "failed", "killed"]):
-        info = make_info(tracker_dirs["tmp"], run_id=f"status-{status}")
-        sink = MlflowSink()
-        sink.open(info)
-        sink.write_metrics([rec(1, 0, {"reward": float(i)})])
-        assert find_run(client, info).info.status == "RUNNING"
-        sink.close(status)
-        assert find_run(client, info).info.status == {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}[status]
-        assert read_back(tracker_dirs, info).status == status
-
-
-def test_reopen_resumes_the_same_run(tracker_dirs, client):
+def test_run_status_while_open_closed_and_reopened(tracker_dirs, client):
+    """Status and resume read back: the contract suite. Here: MLflow's own states, RUNNING again on a reopen."""
     info = make_info(tracker_dirs["tmp"], config={"lr": 0.001, "seed": 1})
     sink = MlflowSink()
     sink.open(info)
     sink.write_metrics([rec(1, 0, {"reward": 0.1}), rec(2, 1, {"reward": 0.2})])
+    assert find_run(client, info).info.status == "RUNNING"
     sink.close("killed")  # the trainer died
+    assert find_run(client, info).info.status == "KILLED"
 
     sink = MlflowSink()  # `rllog replay` later, in another process
     sink.open(info)
     assert find_run(client, info).info.status == "RUNNING"
     sink.write_metrics([rec(3, 2, {"reward": 0.3})])
-    sink.close("finished")
-
-    experiment = client.get_experiment_by_name("grpo-math")
-    assert len(client.search_runs([experiment.experiment_id])) == 1
-    back = read_back(tracker_dirs, info)
-    assert back.metrics == {"reward": [(0, 0.1), (1, 0.2), (2, 0.3)]}
-    assert back.config == {"lr": "0.001", "seed": "1"} and back.status == "finished"
+    sink.close("failed")
+    assert find_run(client, info).info.status == "FAILED"
+    assert read_back(tracker_dirs, info).config == {"lr": "0.001", "seed": "1"}
 
 
 # -- errors -----------------------------------------------------------------------------------------

@@ -7,21 +7,31 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from readers.tensorboard import logdir_for, read_back
+
 from rllog import registry
 from rllog.records import MetricsRecord, RunInfo, TableRecord
 from rllog_backends.tensorboard import OUT_OF_ORDER, TensorBoardSink, format_cell
 
 pytest.importorskip("tensorboard")
 
-KEYS = ["reward", "reward_std", "rewards/accuracy/mean", "rewards/accuracy/std", "completions/mean_length",
-        "completions/clipped_ratio", "clip_ratio/low_mean", "clip_ratio/high_max", "entropy", "loss", "num_tokens"]
+KEYS = [
+    "reward",
+    "reward_std",
+    "rewards/accuracy/mean",
+    "rewards/accuracy/std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_max",
+    "entropy",
+    "loss",
+    "num_tokens",
+]
 T0 = 1_700_000_000.0
 
 
@@ -30,9 +40,21 @@ def f32(x: float) -> float:
 
 
 def run_info(tmp, name="grpo-run", run_id="r0001", config=None) -> RunInfo:
-    return RunInfo("grpo-math", name, str(tmp / "run"), run_id,
-                   config if config is not None else {"learning_rate": 1e-6, "per_device_train_batch_size": 4,
-                                                      "use_vllm": False, "hub_token": "<redacted>", "seed": None})
+    return RunInfo(
+        "grpo-math",
+        name,
+        str(tmp / "run"),
+        run_id,
+        config
+        if config is not None
+        else {
+            "learning_rate": 1e-6,
+            "per_device_train_batch_size": 4,
+            "use_vllm": False,
+            "hub_token": "<redacted>",
+            "seed": None,
+        },
+    )
 
 
 def value(step: int, key: str) -> float:
@@ -66,8 +88,13 @@ def test_metrics_config_status_round_trip(tracker_dirs, tmp_path):
         assert back.metrics[key] == [(s, f32(value(s, key))) for s in range(50)]
     wall = [e.wall_time for e in accumulator(logdir_for(tracker_dirs, info)).Scalars("reward")]
     assert wall == [T0 + 1 + i for i in range(50)]
-    assert back.config == {"learning_rate": 1e-6, "per_device_train_batch_size": 4.0, "use_vllm": False,
-                           "hub_token": "<redacted>", "seed": "None"}
+    assert back.config == {
+        "learning_rate": 1e-6,
+        "per_device_train_batch_size": 4.0,
+        "use_vllm": False,
+        "hub_token": "<redacted>",
+        "seed": "None",
+    }
     assert back.status == "finished"
 
 
@@ -76,13 +103,15 @@ def test_backwards_step_goes_to_an_out_of_order_layer_and_nothing_is_hidden(trac
     sink = TensorBoardSink()
     sink.open(info)
     sink.write_metrics(records(range(50)))
-    sink.write_metrics(records([10], seq0=51, keys=["reward", "loss"]))   # goes back
-    sink.write_metrics(records([5], seq0=52, keys=["reward"]))            # further back than the layer
+    sink.write_metrics(records([10], seq0=51, keys=["reward", "loss"]))  # goes back
+    sink.write_metrics(records([5], seq0=52, keys=["reward"]))  # further back than the layer
     sink.write_metrics(records([50], seq0=53, keys=["reward", "entropy"]))  # forward again: main run
     sink.close("finished")
 
     logdir = logdir_for(tracker_dirs, info)
-    main, layer1, layer2 = (accumulator(p) for p in (logdir, os.path.join(logdir, OUT_OF_ORDER), os.path.join(logdir, OUT_OF_ORDER + "_2")))
+    main, layer1, layer2 = (
+        accumulator(p) for p in (logdir, os.path.join(logdir, OUT_OF_ORDER), os.path.join(logdir, OUT_OF_ORDER + "_2"))
+    )
     # Every TensorBoard run keeps strictly increasing steps per tag, so TensorBoard's data server
     # (which drops earlier points at steps >= a lower new step) hides nothing.
     assert [e.step for e in main.Scalars("reward")] == list(range(51))
@@ -106,8 +135,16 @@ def test_a_repeated_step_stays_in_the_run(tracker_dirs, tmp_path):
     assert read_back(tracker_dirs, info).metrics["epoch"] == [(3, 1.0), (3, 1.0)]
 
 
-NASTY = ["a | b", "line1\nline2\r\nline3", "<think>x</think> & **bold** _it_ `code` [l](u)", "back\\slash \\| pipe",
-         "  leading and trailing  ", "", "ünï©ødé …", "trailing newline\n"]
+NASTY = [
+    "a | b",
+    "line1\nline2\r\nline3",
+    "<think>x</think> & **bold** _it_ `code` [l](u)",
+    "back\\slash \\| pipe",
+    "  leading and trailing  ",
+    "",
+    "ünï©ødé …",
+    "trailing newline\n",
+]
 
 
 def test_tables_round_trip_with_new_columns_and_escaping(tracker_dirs, tmp_path):
@@ -123,7 +160,9 @@ def test_tables_round_trip_with_new_columns_and_escaping(tracker_dirs, tmp_path)
     back = read_back(tracker_dirs, info)
     expect = lambda t: [{k: format_cell(v) for k, v in row.items()} for row in t.to_pylist()]  # noqa: E731
     assert back.tables["completions"] == [(0, expect(first)), (20, expect(second))]
-    assert back.tables["completions"][1][1] == [{"prompt": "p", "completion": "c", "reward": "1.0", "ok": "True", "tokens": "[1, 2]"}]
+    assert back.tables["completions"][1][1] == [
+        {"prompt": "p", "completion": "c", "reward": "1.0", "ok": "True", "tokens": "[1, 2]"}
+    ]
     assert back.tables["completions"][0][1][1] == {"prompt": "line1\nline2\r\nline3", "reward": ""}
 
     # What the TensorBoard text dashboard shows: one HTML table, 3 header + 8 rows, tags escaped.
@@ -144,7 +183,9 @@ def test_long_cells_are_shortened_with_a_note(tracker_dirs, tmp_path):
     sink.close("finished")
     rows = read_back(tracker_dirs, info).tables["completions"][0][1]
     assert rows == [{"completion": "x" * 50 + "\u2026"}, {"completion": "short"}, {"completion": "y" * 50 + "\u2026"}]
-    markdown = accumulator(logdir_for(tracker_dirs, info)).Tensors("completions/text_summary")[0].tensor_proto.string_val[0].decode()
+    markdown = (
+        accumulator(logdir_for(tracker_dirs, info)).Tensors("completions/text_summary")[0].tensor_proto.string_val[0].decode()
+    )
     assert markdown.endswith("_2 cells shortened to 50 characters (ending in \u2026)._")
 
 
@@ -264,3 +305,33 @@ def test_torch_and_tensorflow_are_never_imported(tmp_path):
         "assert 'torch' not in sys.modules and 'tensorflow' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_write_that_fails_half_way_is_cut_back(tracker_dirs, tmp_path, monkeypatch):
+    """The repeated call lands once: the contract suite. Here: the file itself never keeps a broken record,
+    and an open that failed leaves no empty event file behind."""
+    from readers.tensorboard import break_next_write
+
+    from rllog.errors import TransientError
+
+    info = run_info(tmp_path)
+    logdir = logdir_for(tracker_dirs, info)
+    sink = TensorBoardSink()
+    break_next_write(monkeypatch, sink)
+    with pytest.raises(TransientError, match="disk full"):
+        sink.open(info)
+    assert os.listdir(logdir) == []
+    monkeypatch.undo()
+    sink.open(info)  # the delivery layer's retry
+    sink.write_metrics(records(range(3)))
+    (name,) = os.listdir(logdir)
+    size = os.path.getsize(os.path.join(logdir, name))
+    break_next_write(monkeypatch, sink)
+    with pytest.raises(TransientError, match="disk full"):
+        sink.write_metrics(records(range(3, 6), seq0=4))
+    assert os.path.getsize(os.path.join(logdir, name)) == size  # cut back to the last complete call
+    assert [s for s, _ in read_back(tracker_dirs, info).metrics["reward"]] == [0, 1, 2]
+    sink.write_metrics(records(range(3, 6), seq0=4))
+    sink.close("finished")
+    assert os.listdir(logdir) == [name]
+    assert [s for s, _ in read_back(tracker_dirs, info).metrics["reward"]] == list(range(6))

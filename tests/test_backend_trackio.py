@@ -7,13 +7,11 @@ import datetime as dt
 import json
 import math
 import sqlite3
-import subprocess
-import sys
 
 import pyarrow as pa
 import pytest
-
 from readers.trackio import db_path, pin_trackio_dir, read_back
+
 from rllog import registry
 from rllog.errors import TransientError
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
@@ -21,11 +19,29 @@ from rllog_backends.trackio import TrackioSink
 
 pytest.importorskip("trackio")
 
-KEYS = ["reward", "reward_std", "rewards/accuracy/mean", "rewards/accuracy/std", "completions/mean_length",
-        "completions/clipped_ratio", "clip_ratio/low_mean", "clip_ratio/high_max", "entropy", "loss", "num_tokens"]
+KEYS = [
+    "reward",
+    "reward_std",
+    "rewards/accuracy/mean",
+    "rewards/accuracy/std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_max",
+    "entropy",
+    "loss",
+    "num_tokens",
+]
 T0 = 1_700_000_000.25
-CONFIG = {"learning_rate": 1e-6, "per_device_train_batch_size": 4, "use_vllm": False, "hub_token": "<redacted>",
-          "seed": None, "_n_gpu": 1, "model/name": "Qwen|0.5B"}
+CONFIG = {
+    "learning_rate": 1e-6,
+    "per_device_train_batch_size": 4,
+    "use_vllm": False,
+    "hub_token": "<redacted>",
+    "seed": None,
+    "_n_gpu": 1,
+    "model/name": "Qwen|0.5B",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -74,14 +90,19 @@ def test_metrics_backwards_step_config_status_round_trip(tracker_dirs, tmp_path)
 
     # Row timestamps are the records' times, not the time trackio wrote them.
     stamps = [r[0] for r in sql(tracker_dirs, "SELECT timestamp FROM metrics WHERE run_id = 'r0001' ORDER BY id")]
-    assert stamps[:2] == [dt.datetime.fromtimestamp(T0 + 1, dt.timezone.utc).isoformat(), dt.datetime.fromtimestamp(T0 + 2, dt.timezone.utc).isoformat()]
+    assert stamps[:2] == [
+        dt.datetime.fromtimestamp(T0 + 1, dt.timezone.utc).isoformat(),
+        dt.datetime.fromtimestamp(T0 + 2, dt.timezone.utc).isoformat(),
+    ]
 
     # trackio's own readers (what its dashboard uses) see the same run.
     assert [r["id"] for r in SQLiteStorage.get_run_records("grpo-math")] == ["r0001"]
     logs = SQLiteStorage.get_logs("grpo-math", run_id="r0001")
     assert [(row["step"], row["reward"]) for row in logs] == [(s, value(s, "reward")) for s in steps]
     assert SQLiteStorage.get_run_config("grpo-math", run_id="r0001")["hub_token"] == "<redacted>"
-    assert [(a["title"], a["level"], a["step"]) for a in SQLiteStorage.get_alerts("grpo-math", run_id="r0001")] == [("run finished", "info", 49)]
+    assert [(a["title"], a["level"], a["step"]) for a in SQLiteStorage.get_alerts("grpo-math", run_id="r0001")] == [
+        ("run finished", "info", 49)
+    ]
 
 
 def test_rows_are_durable_when_write_returns(tracker_dirs, tmp_path):
@@ -115,8 +136,16 @@ def test_tables_are_trackio_tables(tracker_dirs, tmp_path):
     sink = TrackioSink()
     sink.open(info)
     first = pa.table({"prompt": ["a | b", "<think>x</think>\nline"], "reward": [0.5, None]})
-    second = pa.table({"prompt": ["p"], "completion": ["c"], "reward": [1.0], "tokens": [[1, 2]],
-                       "raw": [b"bytes"], "when": [dt.datetime(2024, 1, 2, 3, 4, 5)]})
+    second = pa.table(
+        {
+            "prompt": ["p"],
+            "completion": ["c"],
+            "reward": [1.0],
+            "tokens": [[1, 2]],
+            "raw": [b"bytes"],
+            "when": [dt.datetime(2024, 1, 2, 3, 4, 5)],
+        }
+    )
     sink.write_table(TableRecord(1, 0, T0, "completions", first))
     sink.write_metrics(records([5], seq0=2))
     sink.write_table(TableRecord(3, 20, T0 + 2, "completions", second))
@@ -125,7 +154,10 @@ def test_tables_are_trackio_tables(tracker_dirs, tmp_path):
     back = read_back(tracker_dirs, info)
     assert back.tables["completions"] == [
         (0, first.to_pylist()),
-        (20, [{"prompt": "p", "completion": "c", "reward": 1.0, "tokens": [1, 2], "raw": "bytes", "when": "2024-01-02T03:04:05"}]),
+        (
+            20,
+            [{"prompt": "p", "completion": "c", "reward": 1.0, "tokens": [1, 2], "raw": "bytes", "when": "2024-01-02T03:04:05"}],
+        ),
     ]
     stored = json.loads(sql(tracker_dirs, "SELECT metrics FROM metrics WHERE step = 0")[0][0])
     assert stored == {"completions": {"_type": "trackio.table", "_value": first.to_pylist()}}
@@ -181,7 +213,12 @@ def test_reserved_names_are_prefixed_like_trackio_log(tracker_dirs, tmp_path):
     sink.open(info)
     sink.write_metrics([MetricsRecord(1, 7, T0, {"step": 7.0, "time": 1.5, "__x": 2.0, "ok": 3.0})])
     sink.close("finished")
-    assert read_back(tracker_dirs, info).metrics == {"__step": [(7, 7.0)], "__time": [(7, 1.5)], "____x": [(7, 2.0)], "ok": [(7, 3.0)]}
+    assert read_back(tracker_dirs, info).metrics == {
+        "__step": [(7, 7.0)],
+        "__time": [(7, 1.5)],
+        "____x": [(7, 2.0)],
+        "ok": [(7, 3.0)],
+    }
 
 
 def test_busy_database_is_transient_and_other_errors_propagate(tracker_dirs, tmp_path, monkeypatch):
@@ -191,8 +228,11 @@ def test_busy_database_is_transient_and_other_errors_propagate(tracker_dirs, tmp
     sink = TrackioSink()
     sink.open(info)
     real = SQLiteStorage.bulk_log
-    failures = [sqlite3.OperationalError("database is locked"), OSError("Could not acquire database lock after 10 seconds"),
-                sqlite3.OperationalError("no such column: metrics")]
+    failures = [
+        sqlite3.OperationalError("database is locked"),
+        OSError("Could not acquire database lock after 10 seconds"),
+        sqlite3.OperationalError("no such column: metrics"),
+    ]
 
     def flaky(*args, **kwargs):  # fault injection; the real write runs once the faults are used up
         if failures:
@@ -229,8 +269,11 @@ def test_alerts(tracker_dirs, tmp_path):
     sink.write_alert(ratio)  # a redelivered alert is stored once (its id comes from its seq)
     sink.close("failed")
     alerts = sql(tracker_dirs, "SELECT title, text, level, step FROM alerts WHERE run_id = 'r0001' ORDER BY id")
-    assert alerts == [("entropy_collapse: entropy", "entropy fell below 0.1", "error", 2), ("ratio_far_from_one: val/ratio", "val/ratio is 1.6", "warn", 3),
-                      ("run failed", "rllog closed this run with status 'failed'.", "error", 3)]
+    assert alerts == [
+        ("entropy_collapse: entropy", "entropy fell below 0.1", "error", 2),
+        ("ratio_far_from_one: val/ratio", "val/ratio is 1.6", "warn", 3),
+        ("run failed", "rllog closed this run with status 'failed'.", "error", 3),
+    ]
     assert read_back(tracker_dirs, info).status == "failed"
     assert len(SQLiteStorage.get_alerts("grpo-math", run_id="r0001")) == 3
     assert json.loads(sql(tracker_dirs, "SELECT config FROM configs")[0][0])["_Group"] == "sweep-1"
@@ -254,5 +297,3 @@ def test_jsonl_mode_writes_fragments_that_trackio_imports(tracker_dirs, tmp_path
     imported = read_back(tracker_dirs, info)
     assert imported == pending
     assert imported.tables == {"completions": [(2, [{"a": 1}])]} and imported.config["learning_rate"] == 1e-6
-
-

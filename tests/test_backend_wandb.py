@@ -9,35 +9,58 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import threading
-import time
 
 import pyarrow as pa
 import pytest
 
 pytest.importorskip("wandb")
 
-from readers import wandb as reader  # noqa: E402
-from rllog.errors import RateLimited, TransientError  # noqa: E402
-from rllog.records import MetricsRecord, RunInfo, TableRecord  # noqa: E402
-from rllog_backends.wandb import WandbSink, exit_written, map_error, wandb_run_id  # noqa: E402
+from readers import wandb as reader
+
+from rllog.errors import RateLimited, TransientError
+from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog_backends.wandb import WandbSink, exit_written, map_error, wandb_run_id
 
 FAST = {"x_disable_stats": True}  # no system-metrics sampler: quicker init, nothing else changes
 GRPO_KEYS = [
-    "loss", "grad_norm", "learning_rate", "num_tokens", "reward", "reward_std", "frac_reward_zero_std", "entropy",
-    "kl", "step_time", "epoch", "completions/mean_length", "completions/min_length", "completions/max_length",
-    "completions/clipped_ratio", "completions/mean_terminated_length", "completions/min_terminated_length",
-    "completions/max_terminated_length", "rewards/accuracy/mean", "rewards/accuracy/std", "rewards/format/mean",
-    "rewards/format/std", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-    "clip_ratio/low_min", "clip_ratio/high_max", "val/ratio", "val/entropy", "objective/kl",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "num_tokens",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "entropy",
+    "kl",
+    "step_time",
+    "epoch",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "rewards/accuracy/mean",
+    "rewards/accuracy/std",
+    "rewards/format/mean",
+    "rewards/format/std",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "val/ratio",
+    "val/entropy",
+    "objective/kl",
 ]
 
 
 def info(tmp_path, run_id="abcd1234", **kw) -> RunInfo:
-    return RunInfo(project=kw.pop("project", "grpo-test"), name=kw.pop("name", "tiny"), run_dir=str(tmp_path / "run"), run_id=run_id, **kw)
+    return RunInfo(
+        project=kw.pop("project", "grpo-test"), name=kw.pop("name", "tiny"), run_dir=str(tmp_path / "run"), run_id=run_id, **kw
+    )
 
 
 def metrics(seq, step, values):
@@ -50,7 +73,9 @@ def table(seq, step, name, columns):
 
 def raw(env, run_info):
     """Every (kind, message) of the run's .wandb files, oldest session first."""
-    return [rec for path in reader.run_files(env["WANDB_DIR"], wandb_run_id(run_info.run_id)) for rec in reader.iter_records(path)]
+    return [
+        rec for path in reader.run_files(env["WANDB_DIR"], wandb_run_id(run_info.run_id)) for rec in reader.iter_records(path)
+    ]
 
 
 def history_items(records):
@@ -95,7 +120,7 @@ def test_grpo_metrics_arrive_exactly_at_their_steps_even_going_back(tracker_dirs
     rows = history_items(records)
     assert len(rows) == 52  # one wandb row per record, none dropped
     assert [int(r["_step"]) for r in rows] == list(range(52))  # wandb's own step only ever grows
-    assert [int(r["rllog/step"]) for r in rows] == list(range(50)) + [10, 50]
+    assert [int(r["rllog/step"]) for r in rows] == [*range(50), 10, 50]
     step_metric = [(m.glob_name, m.step_metric) for kind, m in records if kind == "metric" and m.glob_name]
     assert step_metric == [("*", "rllog/step")]
     path = reader.run_files(tracker_dirs["WANDB_DIR"], wandb_run_id(run_info.run_id))[0]
@@ -114,11 +139,13 @@ def test_nan_inf_tokens_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
     run_info = info(tmp_path)
     sink = WandbSink(settings=FAST)
     sink.open(run_info)
-    sink.write_metrics([
-        metrics(1, 3, {"loss": float("nan"), "grad_norm": float("inf"), "kl": float("-inf"), "reward": 1e308}),
-        metrics(2, 4, {}),  # nothing to log: no row
-        metrics(3, 5, {"_step": 7.0, "_runtime": 8.0, "_timestamp": 9.0, "_wandb": 10.0, "rllog/step": 11.0, "_mine": 12.0}),
-    ])
+    sink.write_metrics(
+        [
+            metrics(1, 3, {"loss": float("nan"), "grad_norm": float("inf"), "kl": float("-inf"), "reward": 1e308}),
+            metrics(2, 4, {}),  # nothing to log: no row
+            metrics(3, 5, {"_step": 7.0, "_runtime": 8.0, "_timestamp": 9.0, "_wandb": 10.0, "rllog/step": 11.0, "_mine": 12.0}),
+        ]
+    )
     sink.close("finished")
 
     back = reader.read_back(tracker_dirs, run_info)
@@ -144,18 +171,32 @@ def test_tables_with_odd_cells(tracker_dirs, tmp_path):
     sink.open(run_info)
     sink.write_metrics([metrics(1, 0, {"reward": 0.5})])
     sink.write_table(table(2, 0, "completions", {"prompt": ["2+2=", "3+3="], "completion": ["4", "six"], "reward": [1.0, 0.0]}))
-    sink.write_table(table(3, 20, "completions", {
-        "prompt": ["1+1="], "completion": ["2"], "reward": [float("nan")], "advantage": [None],
-        "tokens": [[1, 2, 3]], "raw": [b"caf\xc3\xa9"],
-    }))
+    sink.write_table(
+        table(
+            3,
+            20,
+            "completions",
+            {
+                "prompt": ["1+1="],
+                "completion": ["2"],
+                "reward": [float("nan")],
+                "advantage": [None],
+                "tokens": [[1, 2, 3]],
+                "raw": [b"caf\xc3\xa9"],
+            },
+        )
+    )
     sink.write_table(table(4, 20, "eval/samples", {"x": pa.array([], pa.string())}))
     sink.close("finished")
 
     back = reader.read_back(tracker_dirs, run_info)
-    assert back.tables["completions"][0] == (0, [
-        {"prompt": "2+2=", "completion": "4", "reward": 1.0},
-        {"prompt": "3+3=", "completion": "six", "reward": 0.0},
-    ])
+    assert back.tables["completions"][0] == (
+        0,
+        [
+            {"prompt": "2+2=", "completion": "4", "reward": 1.0},
+            {"prompt": "3+3=", "completion": "six", "reward": 0.0},
+        ],
+    )
     step, rows = back.tables["completions"][1]
     assert step == 20 and len(rows) == 1
     assert math.isnan(rows[0].pop("reward"))
@@ -178,19 +219,30 @@ def test_table_over_wandb_row_limit_is_split_not_truncated(tracker_dirs, tmp_pat
 
     back = reader.read_back(tracker_dirs, run_info)
     assert "completions" not in back.tables
-    (s0, part0), = back.tables["completions/part_0"]
-    (s1, part1), = back.tables["completions/part_1"]
+    ((s0, part0),) = back.tables["completions/part_0"]
+    ((s1, part1),) = back.tables["completions/part_1"]
     assert (s0, s1, len(part0), len(part1)) == (7, 7, 10_000, 1)
     assert part0 + part1 == [{"i": i, "text": f"row {i}"} for i in range(n)]
-    assert [back.tables[f"tiny/part_{i}"] for i in range(3)] == [[(8, [{"i": 0}, {"i": 1}, {"i": 2}])], [(8, [{"i": 3}, {"i": 4}, {"i": 5}])], [(8, [{"i": 6}])]]
+    assert [back.tables[f"tiny/part_{i}"] for i in range(3)] == [
+        [(8, [{"i": 0}, {"i": 1}, {"i": 2}])],
+        [(8, [{"i": 3}, {"i": 4}, {"i": 5}])],
+        [(8, [{"i": 6}])],
+    ]
     rows = history_items(raw(tracker_dirs, run_info))
     assert sum(1 for r in rows if "completions/part_0/_type" in r) == 1  # all parts in one row
 
 
 def test_config_tags_and_exit_codes(tracker_dirs, tmp_path):
     """Status read back: the contract suite. Here: the exit code each status becomes, tags, a None and a long config value."""
-    config = {"learning_rate": 1e-6, "per_device_train_batch_size": 4, "model/name": "tiny-qwen", "hub_token": "***",
-              "use_vllm": False, "seed": None, "note": "x" * 5000}
+    config = {
+        "learning_rate": 1e-6,
+        "per_device_train_batch_size": 4,
+        "model/name": "tiny-qwen",
+        "hub_token": "***",
+        "use_vllm": False,
+        "seed": None,
+        "note": "x" * 5000,
+    }
     for run_id, status in (("st-finished", "finished"), ("st-failed", "failed"), ("st-killed", "killed")):
         run_info = info(tmp_path, run_id=run_id, config=config, tags=("grpo", "t" * 100, ""))
         sink = WandbSink(settings=FAST)
@@ -290,9 +342,16 @@ def test_a_rate_limited_open_and_a_call_repeated_after_success(tracker_dirs, tmp
 def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path):
     import rllog
 
-    run = rllog.init(report_to="wandb", project="e2e", config={"lr": 0.5, "api_key": "sk-secret"},
-                     run_dir=tmp_path / "rllog", delivery="thread", flush_interval=0.05, health=False,
-                     backend_options={"wandb": {"settings": FAST}})
+    run = rllog.init(
+        report_to="wandb",
+        project="e2e",
+        config={"lr": 0.5, "api_key": "sk-secret"},
+        run_dir=tmp_path / "rllog",
+        delivery="thread",
+        flush_interval=0.05,
+        health=False,
+        backend_options={"wandb": {"settings": FAST}},
+    )
     for step in range(5):
         run.log({"reward": step / 4, "completions/mean_length": 10.0 + step}, step=step)
     run.log({"reward": -1.0}, step=1)
@@ -336,13 +395,27 @@ def test_error_mapping():
     assert map_error(_http_error(429, {"Retry-After": date})).retry_after > 1e9
     assert map_error(CommError("HTTP 429: slow down")).retry_after is None
     assert isinstance(map_error(CommError("HTTP 429: slow down")), RateLimited)
-    for exc in (_http_error(503), _http_error(500), CommError("HTTP 502 (Bad Gateway)"), CommError("returned error 504: timeout"),
-                CommError("Run initialization has timed out after 90.0 sec."), ConnectionResetError("reset"),
-                TimeoutError(), requests.ConnectionError("refused"), CommError("x", exc=_http_error(500))):
+    for exc in (
+        _http_error(503),
+        _http_error(500),
+        CommError("HTTP 502 (Bad Gateway)"),
+        CommError("returned error 504: timeout"),
+        CommError("Run initialization has timed out after 90.0 sec."),
+        ConnectionResetError("reset"),
+        TimeoutError(),
+        requests.ConnectionError("refused"),
+        CommError("x", exc=_http_error(500)),
+    ):
         mapped = map_error(exc)
         assert isinstance(mapped, TransientError) and not isinstance(mapped, RateLimited), exc
-    for exc in (AuthenticationError("bad key"), UsageError("bad arg"), CommError("HTTP 404: project not found"),
-                _http_error(403), ValueError("bug"), KeyError("k")):
+    for exc in (
+        AuthenticationError("bad key"),
+        UsageError("bad arg"),
+        CommError("HTTP 404: project not found"),
+        _http_error(403),
+        ValueError("bug"),
+        KeyError("k"),
+    ):
         assert map_error(exc) is exc
 
 

@@ -20,7 +20,6 @@ import zipfile
 from pathlib import Path
 
 from readers import ReadBack
-
 from rllog_backends.comet import COLUMNS_KEY, RUN_ID_KEY, STATUS_KEY, TABLE_KEY, decode_cell
 
 COMET_OWN_METRICS = {"process duration"}
@@ -40,12 +39,14 @@ def archives(offline_directory: str, run_id: str) -> list[tuple[dict, list[dict]
         if "messages.json" not in archive.namelist():
             continue
         messages = _messages(archive)
-        run_ids = {m["payload"].get("value") for m in messages if m["type"] == "log_other" and m["payload"].get("key") == RUN_ID_KEY}
+        run_ids = {
+            m["payload"].get("value") for m in messages if m["type"] == "log_other" and m["payload"].get("key") == RUN_ID_KEY
+        }
         if run_id not in run_ids:
             continue
         meta = json.loads(archive.read("experiment.json")) if "experiment.json" in archive.namelist() else {}
         found.append((meta, messages, archive))
-    found.sort(key=lambda item: (item[0].get("start_time") or 0))
+    found.sort(key=lambda item: item[0].get("start_time") or 0)
     return found
 
 
@@ -76,7 +77,9 @@ def read_back(env: dict, run_info) -> ReadBack:
                 reader = csv.reader(io.StringIO(text, newline=""), dialect="excel")
                 header = next(reader)
                 kinds = dict(metadata[COLUMNS_KEY])
-                rows = [{name: decode_cell(cell, kinds[name]) for name, cell in zip(header, cells)} for cells in reader]
+                rows = [
+                    {name: decode_cell(cell, kinds[name]) for name, cell in zip(header, cells, strict=True)} for cells in reader
+                ]
                 step = payload["additional_params"]["step"]
                 out.tables.setdefault(metadata[TABLE_KEY], []).append((step, rows))
     return out

@@ -46,7 +46,7 @@ def read_tables(client, run_id: str) -> dict[str, list[tuple[int, list[dict]]]]:
             if not match:
                 continue
             doc = json.loads(path.read_text())
-            rows = [dict(zip(doc["columns"], row)) for row in doc["data"]]
+            rows = [dict(zip(doc["columns"], row, strict=True)) for row in doc["data"]]
             name = path.parent.relative_to(root).as_posix()
             found.setdefault(name, []).append((int(match.group(2)), int(match.group(1)), rows))
     return {name: [(step, rows) for _, step, rows in sorted(items, key=lambda t: t[0])] for name, items in found.items()}
@@ -86,7 +86,7 @@ def migrated_db() -> Path:
 
 def prepare(monkeypatch, env) -> None:
     """A migrated copy of the database where ``env["MLFLOW_TRACKING_URI"]`` points."""
-    shutil.copy(migrated_db(), env["MLFLOW_TRACKING_URI"][len("sqlite:///"):])
+    shutil.copy(migrated_db(), env["MLFLOW_TRACKING_URI"][len("sqlite:///") :])
 
 
 def stored(value: float) -> float:

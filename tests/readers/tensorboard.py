@@ -34,7 +34,9 @@ def _text(event) -> str:
 
 def _layers(logdir: str) -> list[str]:
     """The run's directory, then its out-of-order layers (``out_of_order``, ``out_of_order_2``, ...)."""
-    extra = [d for d in os.listdir(logdir) if d == OUT_OF_ORDER or d.startswith(OUT_OF_ORDER + "_")] if os.path.isdir(logdir) else []
+    extra = (
+        [d for d in os.listdir(logdir) if d == OUT_OF_ORDER or d.startswith(OUT_OF_ORDER + "_")] if os.path.isdir(logdir) else []
+    )
     extra.sort(key=lambda d: 1 if d == OUT_OF_ORDER else int(d.rsplit("_", 1)[1]))
     return [logdir] + [os.path.join(logdir, d) for d in extra]
 
@@ -66,8 +68,8 @@ def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
         out.metrics[tag] = [(e.step, e.value) for e in sorted(events, key=lambda e: e.wall_time)]
     for tag, events in texts.items():
         name = tag[: -len(TEXT_SUFFIX)]
-        if name.startswith("table/") and name[len("table/"):] in ("config", "status"):
-            name = name[len("table/"):]
+        if name.startswith("table/") and name[len("table/") :] in ("config", "status"):
+            name = name[len("table/") :]
         out.tables[name] = [(e.step, parse_markdown_table(_text(e))) for e in sorted(events, key=lambda e: e.wall_time)]
 
     tags = main.Tags()

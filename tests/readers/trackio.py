@@ -43,10 +43,17 @@ def _rows(env: dict, project: str, run_id: str) -> tuple[list[dict], dict | None
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         try:
-            metrics = [dict(r) for r in conn.execute("SELECT step, metrics, log_id FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))]
+            metrics = [
+                dict(r) for r in conn.execute("SELECT step, metrics, log_id FROM metrics WHERE run_id = ? ORDER BY id", (run_id,))
+            ]
             row = conn.execute("SELECT config FROM configs WHERE run_id = ?", (run_id,)).fetchone()
             config = json.loads(row["config"]) if row else None
-            alerts = [dict(r) for r in conn.execute("SELECT title, text, level, step, alert_id FROM alerts WHERE run_id = ? ORDER BY id", (run_id,))]
+            alerts = [
+                dict(r)
+                for r in conn.execute(
+                    "SELECT title, text, level, step, alert_id FROM alerts WHERE run_id = ? ORDER BY id", (run_id,)
+                )
+            ]
         finally:
             conn.close()
     seen = {m["log_id"] for m in metrics}
@@ -78,11 +85,13 @@ def read_back(env: dict, run_info, project: str | None = None) -> ReadBack:
     if config:
         out.config = {k: SPECIAL.get(v, v) if isinstance(v, str) else v for k, v in config.items() if k not in TRACKIO_META}
     for alert in alerts:
-        status = alert["title"][len("run "):] if alert["title"].startswith("run ") else None
+        status = alert["title"][len("run ") :] if alert["title"].startswith("run ") else None
         if status in STATUSES:
             out.status = status
         else:
-            out.alerts.append({"title": alert["title"], "text": alert.get("text"), "level": alert.get("level"), "step": alert.get("step")})
+            out.alerts.append(
+                {"title": alert["title"], "text": alert.get("text"), "level": alert.get("level"), "step": alert.get("step")}
+            )
     return out
 
 
@@ -129,7 +138,9 @@ def run_ids(env: dict, run_info) -> set[str]:
         return set()
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM metrics")} | {r[0] for r in conn.execute("SELECT run_id FROM configs")}
+        return {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM metrics")} | {
+            r[0] for r in conn.execute("SELECT run_id FROM configs")
+        }
     finally:
         conn.close()
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from readers import ReadBack
 from rllog_backends.wandb import STEP_KEY, status_for, wandb_run_id
@@ -50,7 +51,7 @@ def iter_payloads(path: str | Path) -> Iterator[bytes]:
             return
         crc, length, kind = struct.unpack_from("<IHB", data, pos)
         start = pos + CHUNK_HEADER
-        chunk = data[start:start + length]
+        chunk = data[start : start + length]
         if kind == 0 or len(chunk) < length or zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
             return  # torn tail (a crash mid-write) or preallocated space
         pos = start + length
@@ -138,7 +139,7 @@ def read_file(path: Path, out: ReadBack) -> None:
             for name, value in media.items():
                 if value.get("_type") == "table-file":
                     table = json.loads((path.parent / "files" / value["path"]).read_text(encoding="utf-8"))
-                    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+                    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
                     out.tables.setdefault(name, []).append((int(step), rows))
         elif kind == "alert":
             out.alerts.append({"title": msg.title, "text": msg.text, "level": msg.level})
@@ -159,8 +160,10 @@ def read_back(env: dict, run_info) -> ReadBack:
 
 # -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
 OPTIONS = {"settings": {"x_disable_stats": True}}  # no system-metrics sampler: a quicker init, nothing else changes
-DISK_FULL_SKIP = ("wandb writes its transaction log in its own service process: on a full disk it drops records with only a line in "
-                  "debug-internal.log, so no call of the sink fails (docs/backends.md)")
+DISK_FULL_SKIP = (
+    "wandb writes its transaction log in its own service process: on a full disk it drops records with only a line in "
+    "debug-internal.log, so no call of the sink fails (docs/backends.md)"
+)
 
 
 def alert_level(level: str) -> str:
@@ -169,7 +172,7 @@ def alert_level(level: str) -> str:
 
 def run_ids(env: dict, run_info) -> set[str]:
     """Every wandb run id with a transaction log under ``WANDB_DIR``."""
-    return {p.stem[len("run-"):] for p in (Path(env["WANDB_DIR"]) / "wandb").glob("*run-*/run-*.wandb")}
+    return {p.stem[len("run-") :] for p in (Path(env["WANDB_DIR"]) / "wandb").glob("*run-*/run-*.wandb")}
 
 
 def break_next_write(monkeypatch, sink) -> None:
