@@ -84,21 +84,24 @@ def _require_run() -> Run:
     return _current
 
 
-def read_metrics(run_dir: str | os.PathLike):
-    """The metrics the parquet backend wrote for ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq)."""
+def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest"):
+    """The metrics the parquet backend wrote for ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq).
+
+    ``attempts="latest"`` (default) shows a resumed run as its latest attempt left it; ``"all"`` keeps every row.
+    """
     from rllog_backends import parquet
 
-    return parquet.read_metrics(run_dir)
+    return parquet.read_metrics(run_dir, attempts)
 
 
-def read_alerts(run_dir: str | os.PathLike):
+def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest"):
     """The health alerts the parquet backend wrote: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
     from rllog_backends import parquet
 
-    return parquet.read_alerts(run_dir)
+    return parquet.read_alerts(run_dir, attempts)
 
 
-def read_table(run_dir: str | os.PathLike, name: str):
+def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest"):
     """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...).
 
     Raises:
@@ -106,4 +109,4 @@ def read_table(run_dir: str | os.PathLike, name: str):
     """
     from rllog_backends import parquet
 
-    return parquet.read_table(run_dir, name)
+    return parquet.read_table(run_dir, name, attempts)

@@ -45,8 +45,10 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSP
 #: saying so (SQLite does not pass the OS's errno on; a WAL database on a full tmpfs fails to grow its
 #: shared-memory file with SQLITE_IOERR_SHMSIZE).
 SQLITE_DISK_FULL = frozenset(
-    {sqlite3.SQLITE_FULL, getattr(sqlite3, "SQLITE_IOERR_WRITE", 778), getattr(sqlite3, "SQLITE_IOERR_SHMSIZE", 4874)}
+    getattr(sqlite3, name, code)
+    for name, code in (("SQLITE_FULL", 13), ("SQLITE_IOERR_WRITE", 778), ("SQLITE_IOERR_SHMSIZE", 4874))
 )
+SQLITE_FULL_MESSAGE = "database or disk is full"  # SQLITE_FULL's text: Python < 3.11 has no sqlite_errorcode
 RETRY_AFTER = ("Retry-After",)
 #: The text urllib3's ``Retry`` leaves once its retries are used up ("too many 429 error responses"):
 #: the status, without the response.
@@ -175,8 +177,10 @@ def is_disk_full(exc: BaseException, wrapped: Sequence[str] = ()) -> bool:
     for e in exception_chain(exc, wrapped):
         if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
             return True
-        if isinstance(e, sqlite3.Error) and getattr(e, "sqlite_errorcode", None) in SQLITE_DISK_FULL:
-            return True
+        if isinstance(e, sqlite3.Error):
+            code = getattr(e, "sqlite_errorcode", None)
+            if code in SQLITE_DISK_FULL or (code is None and SQLITE_FULL_MESSAGE in str(e)):
+                return True
     return False
 
 

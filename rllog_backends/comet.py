@@ -220,7 +220,7 @@ def _wait_offline_written(experiment: Any, timeout: float) -> None:
     written in that order, one line each, by one thread. Stops early if the file stops growing for
     0.5 s with the queue empty (a message Comet failed to write).
     """
-    streamer = getattr(experiment, "streamer", None)
+    streamer: Any = getattr(experiment, "streamer", None)
     queue = getattr(streamer, "messages", None)
     tmpdir = getattr(experiment, "tmpdir", None)
     if queue is None or not tmpdir or not hasattr(streamer, "_counter"):
@@ -329,7 +329,7 @@ class CometSink:
             log_code=False,
             log_graph=False,
             parse_args=False,
-            auto_output_logging=False,
+            auto_output_logging=False,  # type: ignore[arg-type]  # False turns it off; Comet annotates only its modes (str)
             auto_param_logging=False,
             auto_metric_logging=False,
             auto_log_co2=False,
@@ -503,17 +503,20 @@ def _archive_left_behind(meta: dict[str, Any]) -> str | None:
     data = messages.read_bytes()
     if data and not data.endswith(b"\n"):
         messages.write_bytes(data[: data.rfind(b"\n") + 1])
+    fields: dict[str, Any] = {  # as Comet writes them at end; it takes None where a session never said
+        "experiment_key": meta["experiment_key"],
+        "workspace": meta.get("workspace"),
+        "project_name": meta.get("project_name"),
+        "start_time": meta.get("start_time"),
+        "stop_time": None,
+        "tags": meta.get("tags") or [],
+    }
     write_experiment_meta_file(
         tempdir=str(tmpdir),
-        experiment_key=meta["experiment_key"],
-        workspace=meta.get("workspace"),
-        project_name=meta.get("project_name"),
-        start_time=meta.get("start_time"),
-        stop_time=None,
-        tags=meta.get("tags") or [],
         resume_strategy="get_or_create",
         user_provided_experiment_key=True,
         comet_start_sourced=True,
+        **fields,
     )
     path, _ = create_experiment_archive(
         offline_directory=meta["offline_directory"],

@@ -107,8 +107,8 @@ class ConsoleSink:
         self.refresh_interval = 1.0 / refresh_per_second if refresh_per_second > 0 else 0.0
         self.console = console
         self._live_option = live
-        self._live = None
-        self._file = None
+        self._live: Any = None
+        self._file: Any = None
         self.run_info: RunInfo | None = None
         self.values: dict[str, tuple[int, float]] = {}  # key -> (step, last value)
         self.alerts: deque[AlertRecord] = deque(maxlen=max(1, int(max_alerts)))
@@ -338,8 +338,8 @@ class ConsoleSink:
                 )
         for name, (n, rows) in sorted(self.tables.items()):
             parts.append(Text(f"table {name}: logged {n} times, {rows} rows", style="dim"))
-        info = self.run_info
-        title = f"rllog: {info.project}/{info.name}" if info else "rllog"
+        run_info = self.run_info
+        title = f"rllog: {run_info.project}/{run_info.name}" if run_info else "rllog"
         status_style = {"running": "cyan", "finished": "green", "failed": "red", "killed": "red"}.get(self.status, "")
         return Panel(
             Group(*parts), title=title, subtitle=Text(self.status, style=status_style), title_align="left", border_style="blue"

@@ -19,7 +19,7 @@ import math
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -401,7 +401,7 @@ class MlflowSink:
         self._client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, value, synchronous=True)
         self._logged_artifacts = entries
 
-    def _log_params(self, config: dict[str, Any], existing: dict[str, str]) -> None:
+    def _log_params(self, config: Mapping[str, Any], existing: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         names = _Names("param")

@@ -117,42 +117,85 @@ def read_parts(directory: Path, seq_column: str) -> pa.Table | None:
 
 # -- reading a run's files -------------------------------------------------------------------------
 
+def _run_file(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
 def store_dir(run_dir: str | os.PathLike) -> Path:
     """Where the parquet backend of ``run_dir`` writes: its ``directory`` option from ``run.json``, else ``RUN_DIR/parquet``."""
     run_dir = Path(run_dir)
-    try:
-        sinks = json.loads((run_dir / "run.json").read_text()).get("sinks", [])
-    except (FileNotFoundError, ValueError):
-        sinks = []
-    for spec in sinks:
+    for spec in _run_file(run_dir).get("sinks", []):
         directory = (spec.get("options") or {}).get("directory") if spec.get("name") == "parquet" else None
         if directory:
             return Path(directory) if Path(directory).is_absolute() else run_dir / directory
     return run_dir / DEFAULT_DIRECTORY
 
 
-def read_metrics(run_dir: str | os.PathLike) -> pa.Table:
-    """The metrics of ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq), in seq order."""
+def _attempt_starts(run_dir: Path, metrics: pa.Table) -> list[tuple[int, int]]:
+    """``(first_seq, first_step)`` of every resumed attempt that logged metrics (attempt 2 on)."""
+    firsts = sorted(a["first_seq"] for a in _run_file(run_dir).get("attempts", []))[1:]
+    starts = []
+    for i, first in enumerate(firsts):
+        end = firsts[i + 1] if i + 1 < len(firsts) else None
+        mask = pc.greater_equal(metrics.column("seq"), first)
+        if end is not None:
+            mask = pc.and_(mask, pc.less(metrics.column("seq"), end))
+        steps = metrics.filter(mask).column("step")
+        if len(steps):
+            starts.append((first, pc.min(steps).as_py()))
+    return starts
+
+
+def _latest(table: pa.Table, starts: list[tuple[int, int]], seq: str, step: str) -> pa.Table:
+    """Drop the rows an attempt superseded: an earlier attempt's rows at or after the step a later attempt restarted from."""
+    if not starts or not table.num_rows:
+        return table
+    superseded = None
+    for first_seq, first_step in starts:
+        hit = pc.and_(pc.less(table.column(seq), first_seq), pc.greater_equal(table.column(step), first_step))
+        superseded = hit if superseded is None else pc.or_(superseded, hit)
+    return table.filter(pc.invert(superseded))
+
+
+def _metrics_all(run_dir: Path) -> pa.Table:
     table = read_parts(store_dir(run_dir) / "metrics", "seq")
     return table if table is not None else METRICS_SCHEMA.empty_table()
 
 
-def read_alerts(run_dir: str | os.PathLike) -> pa.Table:
+def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
+    """The metrics of ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq), in seq order.
+
+    Args:
+        attempts: ``"latest"`` (default): a resumed run's values as the latest attempt left them (what an
+            earlier attempt logged from the step a later one restarted at is left out); ``"all"``: every row.
+    """
+    run_dir = Path(run_dir)
+    table = _metrics_all(run_dir)
+    return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, table), "seq", "step")
+
+
+def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
     """The health alerts of ``run_dir``: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
+    run_dir = Path(run_dir)
     table = read_parts(store_dir(run_dir) / "alerts", "seq")
-    return table if table is not None else ALERTS_SCHEMA.empty_table()
+    table = table if table is not None else ALERTS_SCHEMA.empty_table()
+    return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "seq", "step")
 
 
-def read_table(run_dir: str | os.PathLike, name: str) -> pa.Table:
+def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") -> pa.Table:
     """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...).
 
     Raises:
         KeyError: no table of that name.
     """
+    run_dir = Path(run_dir)
     table = read_parts(store_dir(run_dir) / "tables" / table_dir_name(name), "_seq")
     if table is None:
         raise KeyError(f"no table {name!r} in {run_dir}")
-    return table
+    return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "_seq", "_step")
 
 
 def table_names(run_dir: str | os.PathLike) -> list[str]:

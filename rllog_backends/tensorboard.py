@@ -304,6 +304,8 @@ class TensorBoardSink:
 
     def _layer_path(self, i: int) -> str:
         """Layer 0 is the run's directory, then ``out_of_order``, ``out_of_order_2``, ..."""
+        if self.logdir is None:
+            raise RuntimeError("TensorBoardSink: open() must be called first")
         return self.logdir if i == 0 else os.path.join(self.logdir, OUT_OF_ORDER if i == 1 else f"{OUT_OF_ORDER}_{i}")
 
     def _layer_for(self, tag: str, step: int) -> int:

@@ -105,7 +105,8 @@ class TrackioSink:
         self.project = project
         self.name = name
         self.group = group
-        self._run = None
+        self._run: Any = None
+        self._project = ""  # the project written to, once open
         self._last_step = 0
 
     def open(self, run_info: RunInfo) -> None:
@@ -116,13 +117,13 @@ class TrackioSink:
         for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
             if os.environ.get(var):
                 log.warning("rllog: the trackio sink writes to the local database only; %s is ignored (use `trackio sync`)", var)
-        self.project = self.project or run_info.project
-        SQLiteStorage.validate_project_name(self.project)
+        self._project = self.project or run_info.project
+        SQLiteStorage.validate_project_name(self._project)
         config = {(f"config/{k}" if k.startswith("_") else k): v for k, v in run_info.config.items()}
         with _mapped_errors():
             self._run = trackio.Run(
                 url=None,
-                project=self.project,
+                project=self._project,
                 client=None,
                 name=self.name or run_info.name,
                 run_id=run_info.run_id,
@@ -132,7 +133,7 @@ class TrackioSink:
                 auto_log_gpu=False,
             )
         try:  # a resumed run keeps its creation time
-            previous = SQLiteStorage.get_run_config(self.project, run_id=self._run.id) or {}
+            previous = SQLiteStorage.get_run_config(self._project, run_id=self._run.id) or {}
         except Exception:
             previous = {}
         if previous.get("_Created"):
@@ -154,7 +155,7 @@ class TrackioSink:
 
         name = trackio_key(record.name)
         rows = [_json_safe(row) for row in record.table.to_pylist()]
-        value = trackio.Table(data=rows)._to_dict(project=self.project, run=self._run.name, step=record.step)
+        value = trackio.Table(data=rows)._to_dict(project=self._project, run=self._run.name, step=record.step)
         self._write([({name: value}, record)])
 
     def write_alert(self, record: AlertRecord) -> None:
@@ -190,7 +191,7 @@ class TrackioSink:
             from trackio import fragments
 
             entry = {
-                "project": self.project,
+                "project": self._project,
                 "run": run.name,
                 "run_id": run.id,
                 "title": title,
@@ -206,7 +207,7 @@ class TrackioSink:
 
             self._call(
                 lambda: SQLiteStorage.bulk_alert(
-                    project=self.project,
+                    project=self._project,
                     run=run.name,
                     run_id=run.id,
                     titles=[title],
@@ -250,7 +251,7 @@ class TrackioSink:
             records = [
                 fragments.metric_record(
                     {
-                        "project": self.project,
+                        "project": self._project,
                         "run": run.name,
                         "run_id": run.id,
                         "metrics": m,
@@ -268,7 +269,7 @@ class TrackioSink:
 
             self._call(
                 lambda: SQLiteStorage.bulk_log(
-                    project=self.project,
+                    project=self._project,
                     run=run.name,
                     run_id=run.id,
                     metrics_list=metrics,

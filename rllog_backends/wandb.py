@@ -159,7 +159,7 @@ def exit_written(path: str | os.PathLike) -> bool:
         else:
             payload = chunk
         if payload is not None:
-            record = pb.Record()
+            record = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module
             try:
                 record.ParseFromString(payload)
             except Exception:
@@ -274,10 +274,10 @@ class WandbSink:
                     entity=self.entity,
                     group=self.group,
                     job_type=self.job_type,
-                    mode=self.mode,
+                    mode=self.mode,  # type: ignore[arg-type]  # a str option, checked by wandb
                     name=run_info.name,
                     id=self.id or wandb_run_id(run_info.run_id),
-                    resume=self.resume,
+                    resume=self.resume,  # type: ignore[arg-type]
                     config=dict(run_info.config),
                     allow_val_change=True,  # a resumed run gets the same config again
                     tags=_clean_tags(run_info.tags) or None,
@@ -308,7 +308,7 @@ class WandbSink:
         import wandb
 
         table = record.table
-        columns = [str(c) for c in table.column_names]
+        columns: list[Any] = [str(c) for c in table.column_names]
         rows = (
             [list(r) for r in zip(*(table.column(i).to_pylist() for i in range(table.num_columns)), strict=True)]
             if table.num_columns
@@ -336,7 +336,8 @@ class WandbSink:
         run = self._require_run()
         import wandb
 
-        level = wandb.AlertLevel.ERROR if record.level == "error" else wandb.AlertLevel.WARN
+        alert_level: Any = wandb.AlertLevel  # type: ignore[attr-defined]  # re-exported lazily by wandb
+        level = alert_level.ERROR if record.level == "error" else alert_level.WARN
         with _mapped():
             run.alert(
                 title=f"{record.rule}: {record.metric}",

@@ -1,0 +1,91 @@
+"""Resume: a trainer killed and restarted from a checkpoint continues the same run in every tracker."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import rllog
+import readers.mlflow
+import readers.wandb
+from readers import read_back
+from rllog.errors import InvalidArgument, RunDirError
+from rllog.run import load_run_info
+
+ATTEMPT_ONE = r"""
+import sys, time, rllog
+run = rllog.init(report_to=sys.argv[2], run_dir=sys.argv[1], flush_interval=0.05, health=False, config={"lr": 0.1})
+for step in range(100):
+    run.log({"loss": float(step), "attempt": 1.0}, step=step)
+run.log_table("samples", {"text": ["first"]}, step=99)
+run.flush(timeout=60)
+print(run.run_id, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_attempt_killed_then_resumed_from_an_earlier_step_is_one_run_everywhere(tmp_path, tracker_dirs):
+    run_dir, trackers = tmp_path / "r", "parquet,mlflow,wandb,tensorboard"
+    proc = subprocess.Popen([sys.executable, "-c", ATTEMPT_ONE, str(run_dir), trackers], stdout=subprocess.PIPE, text=True)
+    run_id = proc.stdout.readline().strip()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    run = rllog.init(report_to=trackers, run_dir=run_dir, resume="allow", flush_interval=0.05, health=False)
+    assert run.resumed and run.run_id == run_id and run.attempt == 2
+    assert run.step == 99  # a log() without a step would go on at 100
+    for step in range(50, 150):  # restarted from the checkpoint at step 50
+        run.log({"loss": float(step) + 0.5, "attempt": 2.0}, step=step)
+    run.log_table("samples", {"text": ["second"]}, step=149)
+    report = run.finish(timeout=120)
+    assert report.ok, str(report)
+
+    latest = rllog.read_metrics(run_dir).to_pylist()
+    losses = [(r["step"], r["value"]) for r in latest if r["key"] == "loss"]
+    assert losses == [(s, float(s)) for s in range(50)] + [(s, s + 0.5) for s in range(50, 150)]
+    assert len([r for r in rllog.read_metrics(run_dir, attempts="all").to_pylist() if r["key"] == "loss"]) == 200
+    assert rllog.read_table(run_dir, "samples").column("text").to_pylist() == ["second"]  # step 99 of attempt 1 was superseded
+    attempts = json.loads((run_dir / "run.json").read_text())["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2] and attempts[1]["first_seq"] == 102
+
+    info = load_run_info(run_dir)[0]
+    assert len(readers.mlflow.run_ids(tracker_dirs, info)) == 1 and read_back("mlflow", tracker_dirs, info).status == "finished"
+    assert readers.wandb.run_ids(tracker_dirs, info) == {run_id}
+    mlflow_loss = read_back("mlflow", tracker_dirs, info).metrics["loss"]
+    assert sorted(set(mlflow_loss)) == sorted({(s, float(s)) for s in range(100)} | {(s, s + 0.5) for s in range(50, 150)})
+
+
+def test_resume_modes(tmp_path):
+    run_dir = tmp_path / "r"
+    with pytest.raises(RunDirError, match="no run to resume"):
+        rllog.init(report_to="none", run_dir=run_dir, resume="must")
+    first = rllog.init(report_to="none", run_dir=run_dir, config={"lr": 0.1})
+    first.log({"x": 1.0}, step=3)
+    with pytest.raises(RunDirError, match="another live process"):  # the first attempt is still alive
+        rllog.init(report_to="none", run_dir=run_dir, resume="allow")
+    first.finish()
+    with pytest.raises(RunDirError, match="already holds a run"):
+        rllog.init(report_to="none", run_dir=run_dir)  # resume defaults to "never"
+    second = rllog.init(report_to="parquet", run_dir=run_dir, resume="must", config={"batch": 8})
+    assert second.run_id == first.run_id and second.info.config == {"lr": 0.1, "batch": 8}
+    second.log({"x": 2.0})
+    assert second.step == 4 and second.finish().ok
+    assert rllog.read_metrics(run_dir).to_pylist()[0]["step"] == 3  # replayed to a sink added on resume, both attempts
+    assert [r["value"] for r in rllog.read_metrics(run_dir).to_pylist()] == [1.0, 2.0]
+    with pytest.raises(InvalidArgument, match="resume"):
+        rllog.init(report_to="none", run_dir=tmp_path / "x", resume="yes")
+
+
+def test_run_id_finds_the_run_under_the_runs_root(tmp_path, tracker_dirs):
+    first = rllog.init(report_to="none", run_id="job-42", name="grpo")
+    first.log({"x": 1.0})
+    first.finish()
+    assert first.run_dir.name.endswith("-grpo-job-42")
+    again = rllog.init(report_to="none", run_id="job-42")  # a run id given means: continue it if it exists
+    assert again.run_dir == first.run_dir and again.attempt == 2
+    again.finish()
