@@ -95,8 +95,12 @@ class AgentProcess:
     POLL_SECONDS = 0.2
 
     def __init__(self, run_dir: Path, options: dict[str, dict[str, Any]] | None = None, budget: RestartBudget | None = None,
-                 on_stderr: Callable[[str], None] | None = None, sink_names: list[str] | None = None):
+                 on_stderr: Callable[[str], None] | None = None, sink_names: list[str] | None = None,
+                 system_interval: float | None = None, on_system: Callable[[dict[str, Any]], None] | None = None):
         self.run_dir = Path(run_dir)
+        self.system_interval = system_interval
+        self.on_system = on_system
+        self._samples: Any = None  # system_metrics.SampleReader of the current agent
         self.options = options or {}
         self.sink_names = list(sink_names if sink_names is not None else self.options)
         self._told_failed: set[str] = set()
@@ -171,25 +175,41 @@ class AgentProcess:
         return proc is not None and proc.poll() is not None and proc.returncode in (0, EXIT_SINKS_FAILED)
 
     def _spawn(self) -> None:
+        from rllog.system_metrics import SampleReader
+
         console_fd = _trainer_stdout()
         env = dict(os.environ)
+        command = [sys.executable, "-m", "rllog.agent", str(self.run_dir), "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
+        passed = []
         if console_fd is not None:
             env[CONSOLE_FD_ENV] = str(console_fd)
+            passed.append(console_fd)
+        samples_read = samples_write = None
+        if self.system_interval:
+            samples_read, samples_write = os.pipe()
+            passed.append(samples_write)
+            command += ["--system-metrics-fd", str(samples_write), "--system-interval", str(self.system_interval)]
         try:
             with open(self.run_dir / AGENT_LOG, "ab") as log_file:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "rllog.agent", str(self.run_dir), "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN],
+                    command,
                     stdin=subprocess.PIPE,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
-                    pass_fds=(console_fd,) if console_fd is not None else (),
+                    pass_fds=tuple(passed),
                     env=env,
                 )
         finally:
-            if console_fd is not None:
-                os.close(console_fd)
+            for fd in (console_fd, samples_write):
+                if fd is not None:
+                    os.close(fd)
+        if samples_read is not None:
+            self._read_samples()  # what the previous agent sent last
+            if self._samples is not None:
+                self._samples.close()
+            self._samples = SampleReader(samples_read)
         try:
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(self.options).encode())
@@ -215,8 +235,18 @@ class AgentProcess:
                 self._say(f"rllog: delivery to {name!r} failed ({cursor.error}); its records stay in the journal "
                           f"({self.run_dir}): `rllog replay {self.run_dir} --to {name}` once the cause is fixed")
 
+    def _read_samples(self) -> None:
+        if self._samples is None or self.on_system is None:
+            return
+        for sample in self._samples.read():
+            try:
+                self.on_system(sample)
+            except Exception as exc:  # the run finished meanwhile
+                log.debug("rllog: system sample not journaled: %s", exc)
+
     def _watch(self) -> None:
         while not self._stopping.wait(self.POLL_SECONDS):
+            self._read_samples()
             if time.monotonic() >= self._next_sink_check:
                 self._next_sink_check = time.monotonic() + self.SINK_CHECK_SECONDS
                 try:
@@ -324,7 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed")
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
     parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
+    parser.add_argument("--system-metrics-fd", type=int, default=None, help="write samples of the trainer (--parent-pid) to this pipe")
+    parser.add_argument("--system-interval", type=float, default=5.0)
     args = parser.parse_args(argv)
+    if args.system_metrics_fd is not None and args.parent_pid is not None:
+        from rllog.system_metrics import run_sampler
+
+        run_sampler(args.parent_pid, args.system_metrics_fd, args.system_interval, threading.Event())
     options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
     # Delivery is background work: on a machine with few cores the trainer should win the CPU.
     try:

@@ -135,6 +135,23 @@ def _takes_tables(selected: list) -> bool:
 
 
 RESUME_MODES = ("allow", "must", "never")
+SYSTEM_METRICS_ENV = "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
+
+
+def _system_interval(system_metrics: bool | float | None) -> float | None:
+    """Seconds between samples of the trainer's system metrics, or None for none."""
+    from rllog.system_metrics import DEFAULT_INTERVAL
+
+    if system_metrics is None:
+        env = os.environ.get(SYSTEM_METRICS_ENV, "").strip().lower()
+        system_metrics = False if env in ("0", "false", "off", "no") else (float(env) if env.replace(".", "", 1).isdigit() else True)
+    if system_metrics is True:
+        return DEFAULT_INTERVAL
+    if system_metrics is False or system_metrics is None:
+        return None
+    if isinstance(system_metrics, (int, float)) and math.isfinite(system_metrics) and system_metrics > 0:
+        return float(system_metrics)
+    raise InvalidArgument(f"system_metrics must be True, False or a sampling interval in seconds, got {system_metrics!r}")
 
 
 def _check_resume(resume: Any, run_id: Any) -> str:
@@ -190,6 +207,7 @@ class Run(RunBase):
         reduce_across_ranks: bool | None = None,
         run_id: str | None = None,
         resume: str | None = None,
+        system_metrics: bool | float | None = None,
     ):
         self.flush_interval = _check_options(flush_interval, max_pending, delivery)
         resume = _check_resume(resume, run_id)
@@ -247,7 +265,8 @@ class Run(RunBase):
         if self._named and delivery == "process":
             from rllog.agent import AgentProcess
 
-            self._agent = AgentProcess(self.run_dir, {n: options.get(n, {}) for n in self._named}, sink_names=self._named).start()
+            self._agent = AgentProcess(self.run_dir, {n: options.get(n, {}) for n in self._named}, sink_names=self._named,
+                                       system_interval=_system_interval(system_metrics), on_system=self._log_system).start()
         else:
             self._followers += [self._follower(n, _factory(n, options.get(n))) for n in self._named]
         self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named):], self._objects, strict=True)]
@@ -307,6 +326,15 @@ class Run(RunBase):
             self._writer.append(TableRecord(self._seq, step, now, name, arrow))
         if self._writer.backlog > self.max_pending:
             self._wait_for_journal()
+
+    def _log_system(self, sample: dict[str, Any]) -> None:
+        """A sample of the trainer's system metrics, taken by the agent: journaled at the trainer's current step."""
+        values = {k: float(v) for k, v in sample["values"].items()}
+        with self._lock:
+            if self._finishing is not None or self._forked:
+                return
+            self._seq += 1
+            self._writer.append(PendingMetrics(self._seq, max(self._step, 0), float(sample["time"]), values))
 
     def update_config(self, values: Any) -> None:
         """Add or change hyperparameters after ``init`` (accelerate and Lightning hand config over late).

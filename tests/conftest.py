@@ -19,6 +19,9 @@ for _k, _v in OFFLINE_ENV.items():  # before any tracker is imported by a test m
     os.environ.setdefault(_k, _v)
 for _k in ONLINE_VARS:
     os.environ.pop(_k, None)
+# Samples of the test process every few seconds would change the record counts tests assert on; the tests
+# of system metrics turn them on explicitly (system_metrics=...).
+os.environ["RLLOG_SYSTEM_METRICS"] = "0"
 
 NETGUARD = ROOT / "tests" / "netguard"
 NETGUARD_LOG = ROOT / ".pytest_netguard.log"
