@@ -108,10 +108,117 @@ def sigkills(tmp: Path, trials: int = 20) -> dict:
     return {"trials": trials, "records_checked": checked, "lost": lost, "duplicated": dup}
 
 
+def _per_tracker(run_dir: Path, logged: int, tb_dir: Path) -> dict:
+    """logged / delivered / lost / duplicated for parquet and TensorBoard, from their own storage."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = rllog.read_metrics(run_dir, attempts="all").to_pylist()
+    seqs = [r["seq"] for r in rows if r["key"] == "a"]
+    [logdir] = [p for p in tb_dir.iterdir() if p.is_dir()]
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("a")]
+    return {
+        "parquet": {"logged": logged, "delivered": len(set(seqs)), "lost": logged - len(set(seqs)), "duplicated": len(seqs) - len(set(seqs))},
+        "tensorboard": {"logged": logged, "delivered": len(set(steps)), "lost": logged - len(set(steps)), "duplicated": len(steps) - len(set(steps))},
+    }
+
+
+def agent_sigkills(tmp: Path, records: int = 12_000, kills: int = 8) -> dict:
+    """The delivery agent SIGKILLed ``kills`` times at random while ``records`` records flow to parquet and TensorBoard."""
+    import threading
+
+    from rllog.agent import RestartBudget
+
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(tmp / "tb_kills")
+    run = rllog.init(report_to="parquet,tensorboard", run_dir=tmp / "kills", flush_interval=0.05, health=False, system_metrics=False)
+    run._agent.budget = RestartBudget(burst=50, refill_seconds=1.0, backoff_base=0.05, backoff_cap=0.5)
+    rng, killed = random.Random(3), []
+
+    def killer() -> None:
+        while len(killed) < kills:
+            time.sleep(rng.uniform(0.1, 0.6))
+            proc = run._agent.proc
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                killed.append(proc.pid)
+                while run._agent.proc is proc:
+                    time.sleep(0.02)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    for i in range(records):
+        run.log({"a": float(i)}, step=i)
+        if i % 200 == 0:
+            time.sleep(0.05)
+    thread.join()
+    report = run.finish(timeout=120)
+    return {"kills": len(killed), "report_ok": report.ok, "report_parquet_delivered": report["parquet"].delivered,
+            **_per_tracker(tmp / "kills", records, tmp / "tb_kills")}
+
+
+def full_disk(tmp: Path) -> dict:
+    """The run directory on a 4 MiB tmpfs, filled mid-run and freed later (needs root)."""
+    mount = tmp / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)]).returncode != 0:
+        return {"skipped": "mounting a tmpfs needs root"}
+    try:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(mount / "tb")
+        run = rllog.init(report_to="parquet,tensorboard", run_dir=mount / "r", flush_interval=0.05, health=False, system_metrics=False)
+        step = 0
+        for phase in ("before", "full", "freed"):
+            if phase == "full":
+                with open(mount / "filler", "wb") as f:
+                    try:
+                        while True:
+                            f.write(b"\0" * 65536)
+                            f.flush()
+                    except OSError:
+                        pass
+            if phase == "freed":
+                time.sleep(1.5)
+                (mount / "filler").unlink()
+            for _ in range(2000 if phase == "full" else 1000):
+                run.log({"a": float(step)}, step=step)
+                step += 1
+                if step % 100 == 0:
+                    time.sleep(0.02)
+        report = run.finish(timeout=120)
+        from rllog import journal
+
+        return {"report_ok": report.ok, "journal_damage": journal.scan(mount / "r").damage.as_dict(), **_per_tracker(mount / "r", step, mount / "tb")}
+    finally:
+        subprocess.run(["umount", "-l", str(mount)])
+
+
+def journal_damage(tmp: Path, records: int = 10_000) -> dict:
+    """One flipped byte in a payload, a seq and a length, in the middle of a segment; then a replay to parquet."""
+    from rllog import journal
+    from rllog.cli import main as cli
+
+    run_dir = tmp / "damage"
+    with rllog.init(report_to="none", run_dir=run_dir, health=False) as run:
+        for i in range(records):
+            run.log({"a": float(i)}, step=i)
+    (segment,) = (run_dir / "journal").glob("*.rlj")
+    data = bytearray(segment.read_bytes())
+    for fraction, field in ((0.3, journal.HEADER.size + 5), (0.5, 12), (0.7, 16)):
+        pos = data.index(journal.MAGIC, int(len(data) * fraction))
+        data[pos + field] ^= 0x5A
+    segment.write_bytes(bytes(data))
+    cli(["replay", str(run_dir), "--to", "parquet"])
+    seqs = rllog.read_metrics(run_dir).column("seq").to_pylist()
+    scan = journal.scan(run_dir)
+    return {"logged": records, "frames_damaged": 3, "readable": scan.records, "delivered": len(set(seqs)),
+            "lost_beyond_damaged": records - 3 - len(set(seqs)), "duplicated": len(seqs) - len(set(seqs)), "damage": scan.damage.as_dict()}
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        results = {"memory": memory_with_a_tracker_down(tmp), "sigkill": sigkills(tmp), "storm": storm_drain(tmp)}
+        results = {"agent_sigkills": agent_sigkills(tmp), "full_disk": full_disk(tmp), "journal_damage": journal_damage(tmp),
+                   "memory": memory_with_a_tracker_down(tmp), "sigkill": sigkills(tmp), "storm": storm_drain(tmp)}
     print(json.dumps(results, indent=1))
 
 
