@@ -55,7 +55,7 @@ uv_env_from_pip_config() {
 
 # Puts the pinned uv into the venv; fails where it cannot (no wheel for this platform, or RLLOG_INSTALLER=pip).
 install_uv() {
-  [ "${RLLOG_INSTALLER:-auto}" != pip ] && .venv/bin/python -m pip install -q -c "$LOCK" uv
+  [ "${RLLOG_INSTALLER:-auto}" != pip ] && .venv/bin/python -m pip install -qq -c "$LOCK" uv
 }
 
 install_with_uv() {
@@ -78,6 +78,11 @@ install_with_pip() {
 main() {
   cd "$(dirname "${BASH_SOURCE[0]}")/.."
   PY=${PYTHON:-python3}
+  # Tests, demo and lint may start together on a changed tree: one installs, the others wait and then find the stamp.
+  if command -v flock > /dev/null; then
+    exec 9< scripts/setup.sh
+    flock 9
+  fi
   local stamp=.venv/.rllog-setup want
   want=$(cat pyproject.toml constraints.txt "$LOCK" | sha256sum | cut -d' ' -f1)
   if [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
