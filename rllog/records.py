@@ -77,6 +77,11 @@ class RunInfo:
         run_id: a stable id for this run; sinks use it to resume the same tracker run on replay.
         config: flattened hyperparameters (secrets already redacted).
         tags: free-form tags.
+        attempt_starts: the first ``seq`` of each attempt (``(1,)`` for a run never resumed; a resumed
+            run's later attempts start further on). A record with ``seq >= attempt_starts[k]`` belongs to
+            attempt ``k + 1``; the first record of a later attempt may restart at an earlier step.
+        program: the trainer's program (``sys.argv[0]``), for trackers that show it.
+        args: the trainer's command-line arguments.
     """
 
     project: str
@@ -85,10 +90,15 @@ class RunInfo:
     run_id: str
     config: Mapping[str, Any] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
+    attempt_starts: tuple[int, ...] = (1,)
+    program: str = ""
+    args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "config", _frozen(self.config))
         object.__setattr__(self, "tags", tuple(self.tags))
+        object.__setattr__(self, "attempt_starts", tuple(self.attempt_starts))
+        object.__setattr__(self, "args", tuple(self.args))
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ class Run(RunBase):
             self._run_lock = RunLock(self.run_dir).acquire(f"cannot start a run in {self.run_dir}")
         self.attempt = len(attempts) + 1
         self._attempts = attempts + [{"attempt": self.attempt, "first_seq": next_seq, "started": time.time(), "pid": os.getpid()}]
-        self.info = RunInfo(project, name or f"run-{run_id}", str(self.run_dir), run_id, config_flat, tuple(tags))
+        self.info = RunInfo(project, name or f"run-{run_id}", str(self.run_dir), run_id, config_flat, tuple(tags),
+                            attempt_starts=tuple(a["first_seq"] for a in self._attempts), program=_program(), args=tuple(sys.argv[1:]))
         self.delivery = delivery
         self.retry = retry or RetryPolicy()
         from rllog.registry import resolve
@@ -487,7 +488,18 @@ class Run(RunBase):
             pid=os.getpid(),
             started=self._attempts[0]["started"],
             attempts=self._attempts,
+            program=self.info.program,
+            args=list(self.info.args),
         )
+
+
+def _program() -> str:
+    """The trainer's program as a user would name it: the script, or ``-m module`` / ``-c``."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return f"-m {spec.name.removesuffix('.__main__')}"
+    return sys.argv[0] if sys.argv and sys.argv[0] else "<python>"
 
 
 def _health_monitor(health: Any) -> Any:

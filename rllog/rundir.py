@@ -54,9 +54,13 @@ class RunFile:
     pid: int | None = None
     started: float | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
+    program: str = ""  # the trainer's sys.argv[0] and arguments (trackers that show a run's command use them)
+    args: list[str] = field(default_factory=list)
 
     def run_info(self, run_dir: str | os.PathLike) -> RunInfo:
-        return RunInfo(self.project, self.name, str(Path(run_dir).resolve()), self.run_id, self.config, tuple(self.tags))
+        starts = tuple(sorted(a["first_seq"] for a in self.attempts)) or (1,)
+        return RunInfo(self.project, self.name, str(Path(run_dir).resolve()), self.run_id, self.config, tuple(self.tags),
+                       attempt_starts=starts, program=self.program, args=tuple(self.args))
 
     def write(self, run_dir: str | os.PathLike) -> None:
         path = Path(run_dir) / RUN_FILE
