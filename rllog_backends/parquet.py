@@ -5,7 +5,8 @@ Layout (``RUN_DIR/parquet/``, or the ``directory`` option)::
     metrics/part-000001.parquet ...     long format: step, key, value, time, seq
     tables/<name>/part-000001.parquet   _step, _seq, then the table's own columns
     alerts/part-000001.parquet          step, seq, time, rule, metric, value, message, level
-    run.json                            project, name, run_id, config, status
+    meta.json                           the store's record of the run: project, name, run_id, tags,
+                                        config (with Run.update_config's changes), status
 
 ``<name>`` is the table name percent-encoded (``eval/samples`` -> ``eval%2Fsamples``), so two table
 names never share a directory. A part file is written at every ``flush`` (the delivery layer flushes at
@@ -37,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rllog.errors import InvalidTable, TransientError
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
 
@@ -45,6 +46,7 @@ METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("key", pa.string()), ("value"
 ALERTS_SCHEMA = pa.schema([("step", pa.int64()), ("seq", pa.int64()), ("time", pa.float64()), ("rule", pa.string()), ("metric", pa.string()),
                            ("value", pa.float64()), ("message", pa.string()), ("level", pa.string())])
 DEFAULT_DIRECTORY = "parquet"
+META_FILE = "meta.json"
 
 
 def table_dir_name(name: str) -> str:
@@ -198,6 +200,11 @@ def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") 
     return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "_seq", "_step")
 
 
+def read_meta(run_dir: str | os.PathLike) -> dict:
+    """The store's record of the run: project, name, run_id, tags, config (updates applied) and status."""
+    return json.loads((store_dir(run_dir) / META_FILE).read_text())
+
+
 def table_names(run_dir: str | os.PathLike) -> list[str]:
     """The names of the tables ``run_dir`` holds."""
     tables = store_dir(run_dir) / "tables"
@@ -284,6 +291,11 @@ class ParquetSink:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise InvalidTable(f"table {name!r}: a column's type changed from earlier steps: {exc}") from exc
 
+    def write_config(self, record: ConfigRecord) -> None:
+        self._meta["config"].update(record.values)
+        with _disk_errors():
+            self._write_meta()
+
     def write_alert(self, record: AlertRecord) -> None:
         if self._new(self._dir("alerts"), record.seq):
             self._alerts.append({"step": record.step, "seq": record.seq, "time": record.time, "rule": record.rule, "metric": record.metric,
@@ -343,9 +355,9 @@ class ParquetSink:
             p.unlink()
 
     def _write_meta(self) -> None:
-        tmp = self._dir(".run.json.tmp")
+        tmp = self._dir(f".{META_FILE}.tmp")
         tmp.write_text(json.dumps(self._meta, indent=1, default=str))
-        os.replace(tmp, self._dir("run.json"))
+        os.replace(tmp, self._dir(META_FILE))
 
 
 class _disk_errors:

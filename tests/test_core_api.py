@@ -29,7 +29,7 @@ def metrics_by_key(run_dir):
 
 
 def parquet_status(run_dir):
-    return json.loads((run_dir / "parquet" / "run.json").read_text())["status"]
+    return json.loads((run_dir / "parquet" / "meta.json").read_text())["status"]
 
 
 def test_import_rllog_is_light():
@@ -178,7 +178,7 @@ def test_protocol_is_structural_and_sink_objects_are_used_directly(tmp_path):
     assert [(t.step, t.table.column("a").to_pylist()) for t in sink.tables] == [(4, [1, 2])]
     assert sink.closed_with == "finished"
     assert dict(sink.opened.config) == {"hub_token": "***REDACTED***", "nested/lr": 0.1}
-    assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["config"]["hub_token"] == "***REDACTED***"
+    assert json.loads((tmp_path / "r" / "parquet" / "meta.json").read_text())["config"]["hub_token"] == "***REDACTED***"
 
 
 def test_optional_protocol_members_are_optional_and_capabilities_must_match_methods(tmp_path):

@@ -148,7 +148,7 @@ def test_trainer_killed_with_sigkill_still_has_its_records_delivered(tmp_path):
     assert proc.stdout.readline().strip() == "logged"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    meta = run_dir / "parquet" / "run.json"
+    meta = run_dir / "parquet" / "meta.json"
     assert wait_until(lambda: meta.exists() and json.loads(meta.read_text())["status"] == "killed", timeout=60)
     assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(200)]
     assert rllog.read_table(run_dir, "completions").column("_step").to_pylist() == [199]
@@ -168,7 +168,7 @@ def test_replay_delivers_to_a_new_backend_and_twice_delivers_nothing_twice(tmp_p
     assert "delivered 0 new records" in capsys.readouterr().out
     assert rllog.read_metrics(tmp_path / "r").num_rows == 30
     assert rllog.read_table(tmp_path / "r", "completions").num_rows == 2
-    assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["status"] == "finished"
+    assert json.loads((tmp_path / "r" / "parquet" / "meta.json").read_text())["status"] == "finished"
 
 
 def test_log_does_no_disk_write_and_no_sink_call_on_the_caller_thread(tmp_path, monkeypatch):

@@ -116,7 +116,7 @@ def kill_at_random_point(run_dir, report_to, rng):
 
 
 def wait_closed(run_dir, timeout=90):
-    meta = run_dir / "parquet" / "run.json"
+    meta = run_dir / "parquet" / "meta.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if meta.exists() and json.loads(meta.read_text())["status"] == "killed":

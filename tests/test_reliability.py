@@ -41,7 +41,7 @@ def test_sigterm_closes_sinks_as_killed_and_chains_the_previous_handler(tmp_path
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == returncode
     assert ("previous handler ran" in out) == (mode == "chained")
-    meta = json.loads((run_dir / "parquet" / "run.json").read_text())
+    meta = json.loads((run_dir / "parquet" / "meta.json").read_text())
     assert meta["status"] == "killed"
     assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(50)]
     mlflow = read_back("mlflow", tracker_dirs, load_run_info(run_dir)[0])
@@ -59,7 +59,7 @@ with rllog.init(report_to="parquet,mlflow", run_dir=sys.argv[1]) as run:
 def test_exception_in_user_code_closes_trackers_as_failed(tmp_path, tracker_dirs):
     proc = subprocess.run([sys.executable, "-c", EXCEPTION_CHILD, str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "user code failed" in proc.stderr
-    assert json.loads((tmp_path / "r" / "parquet" / "run.json").read_text())["status"] == "failed"
+    assert json.loads((tmp_path / "r" / "parquet" / "meta.json").read_text())["status"] == "failed"
     mlflow = read_back("mlflow", tracker_dirs, load_run_info(tmp_path / "r")[0])
     assert mlflow.status == "failed" and mlflow.metrics["loss"] == [(1, 0.5)]
 

@@ -89,3 +89,17 @@ def test_run_id_finds_the_run_under_the_runs_root(tmp_path, tracker_dirs):
     again = rllog.init(report_to="none", run_id="job-42")  # a run id given means: continue it if it exists
     assert again.run_dir == first.run_dir and again.attempt == 2
     again.finish()
+
+
+def test_update_config_and_flush_barrier(tmp_path):
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", config={"lr": 0.1}, flush_interval=30.0)  # no timed flush soon
+    for step in range(5):
+        run.log({"loss": float(step)}, step=step)
+    run.update_config({"batch": 8, "hub_token": "hf_abcdefghijklmnopqrstuvwxyz0123456789"})
+    flushed = run.flush(timeout=60)
+    assert flushed.ok and flushed["parquet"].delivered == 6 and flushed["parquet"].state == "delivered"
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [0.0, 1.0, 2.0, 3.0, 4.0]  # before finish
+    from rllog_backends.parquet import read_meta
+
+    assert read_meta(tmp_path / "r")["config"] == {"lr": 0.1, "batch": 8, "hub_token": "***REDACTED***"}
+    assert run.finish().ok

@@ -424,7 +424,7 @@ def test_no_secret_reaches_any_file_of_the_run(tmp_path):
     run.log_table("completions", {"prompt": ["2+2="], "completion": ["4"]}, step=2)
     assert run.finish().ok
 
-    stored = json.loads((run_dir / "parquet" / "run.json").read_text())["config"]
+    stored = json.loads((run_dir / "parquet" / "meta.json").read_text())["config"]
     assert {k: stored[k] for k in KEPT} == KEPT  # what is no secret is kept as it was
     assert {k for k, v in stored.items() if v == REDACTED} >= {
         "api-key",

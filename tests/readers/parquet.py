@@ -25,7 +25,7 @@ def read_back(env: dict, run_info) -> ReadBack:
         {"title": f"{a['rule']}: {a['metric']}", "text": a["message"], "level": a["level"], "step": a["step"]}
         for a in read_alerts(run_info.run_dir).to_pylist()
     ]
-    meta = json.loads((store_dir(run_info.run_dir) / "run.json").read_text())
+    meta = json.loads((store_dir(run_info.run_dir) / "meta.json").read_text())
     out.config, out.status = meta["config"], meta["status"]
     return out
 
