@@ -260,7 +260,12 @@ class ExplodingKL(Rule):
 
 
 class NonFinite(Rule):
-    """NaN or inf in a loss or reward."""
+    """NaN or inf in a loss or reward.
+
+    NaN in one reward function's ``rewards/<fn>/...`` is not an alert: TRL logs it when the function returned
+    ``None`` for every sample of the step, which a reward function does by design for samples it does not
+    apply to (TRL's multi-task rewards). Its inf is, and so is NaN in ``reward`` or a loss.
+    """
 
     name = "non_finite"
     level = "error"
@@ -271,7 +276,7 @@ class NonFinite(Rule):
     }
 
     def check(self, key, value, step):
-        if math.isfinite(value):
+        if math.isfinite(value) or (math.isnan(value) and strip_prefix(key).startswith("rewards/")):
             return None
         what = "loss" if "loss" in key else "reward"
         return f"{key} is {value}: the {what} is no longer a finite number; training has broken down numerically (check the learning rate, mixed precision, and the reward functions' outputs)"

@@ -572,11 +572,12 @@ def redact(value: Any) -> Any:
     return redact_text(str(value))
 
 
-def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> dict[str, Any]:
     """Flatten a config (dict, dataclass such as ``TrainingArguments``, or object with ``to_dict``) with ``/``,
     secrets redacted (the rule is :func:`redact`'s; see docs/decisions.md, "Secrets").
 
-    Values are kept when they are JSON scalars, otherwise stringified (after redaction).
+    Values are kept when they are JSON scalars, otherwise stringified (after redaction). With ``keep_lists``,
+    a list (tuple, set) of JSON scalars stays a list (``report_to: ["wandb"]``), for the trackers that take lists.
     """
     if config is None:
         return {}
@@ -591,7 +592,7 @@ def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
         if is_secret_key(str(key)) and not _keeps_no_secret(value):
             flat[name] = REDACTED
         elif isinstance(value, Mapping):
-            flat.update(flatten_config(value, name + "/"))
+            flat.update(flatten_config(value, name + "/", keep_lists))
         elif value is None or isinstance(value, (bool, int)):
             flat[name] = value
         elif isinstance(value, float):
@@ -600,7 +601,14 @@ def flatten_config(config: Any, prefix: str = "") -> dict[str, Any]:
             flat[name] = redact_text(value)
         elif isinstance(value, (list, tuple, set, frozenset)):  # redacted item by item (a dict in a list has keys too)
             redacted = redact(value)
-            flat[name] = str(value) if redacted == list(value) else str(redacted)
+            if keep_lists and all(_is_json_scalar(item) for item in redacted):
+                flat[name] = redacted
+            else:
+                flat[name] = str(value) if redacted == list(value) else str(redacted)
         else:  # bytes, objects: their text, redacted (a dataclass's repr shows `password='...'`)
             flat[name] = redact_text(str(value))
     return flat
+
+
+def _is_json_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value))

@@ -2,24 +2,26 @@
 
 Layout (``RUN_DIR/parquet/``, or the ``directory`` option)::
 
-    metrics/part-000001.parquet ...     long format: step, key, value, time, seq
-    tables/<name>/part-000001.parquet   _step, _seq, then the table's own columns
-    alerts/part-000001.parquet          step, seq, time, rule, metric, value, message, level
-    meta.json                           the store's record of the run: project, name, run_id, tags,
-                                        config (with Run.update_config's changes), status
+    metrics/part-*.parquet           long format: step, key, value, time, seq
+    tables/<name>/part-*.parquet     _step, _seq, then the table's own columns
+    alerts/part-*.parquet            step, seq, time, rule, metric, value, message, level
+    */_tail-*.arrows                 the latest flushes, not yet in a part (Arrow IPC; read by rllog.read_*)
+    meta.json                        the store's record of the run: project, name, run_id, tags,
+                                     config (with Run.update_config's changes), status
 
 ``<name>`` is the table name percent-encoded (``eval/samples`` -> ``eval%2Fsamples``), so two table
-names never share a directory. A part file is written at every ``flush`` (the delivery layer flushes at
-least every ``flush_interval`` while data flows), atomically (written to a temporary name, then renamed),
-so a reader never sees a partial file. ``close`` compacts a directory of more than ``compact_above``
-parts into one file.
+names never share a directory. Each directory is a :class:`rllog_backends.parquet_store.PartStore`: a
+``flush`` appends to its tail (durable against a killed process, readable at once by :func:`read_metrics`),
+full tails become Parquet parts and parts are merged in tiers while the run goes on, so a run of any
+length keeps a bounded number of files and the agent never holds the whole run in memory. At ``close``
+the tails become parts: a finished run is Parquet only.
 
 The sink buffers until ``flush``, so its writes are not durable (``durable_writes=False``): the delivery
-layer moves its cursor only after a flush. Records re-sent after an agent was killed between a flush
-and its cursor save are recognised by their ``seq`` (each directory's highest seq is read from the part
-files' statistics when the sink opens it) and not written twice.
+layer moves its cursor only after a flush. Records re-sent after an agent was killed between a flush and
+its cursor save are recognised by their ``seq`` (each directory knows its highest) and not written twice.
 
-Open the data with :func:`read_metrics` / :func:`read_table` (``rllog.read_metrics`` and friends), or directly::
+Open the data with :func:`read_metrics` / :func:`read_table` (``rllog.read_metrics`` and friends), or
+directly (the parts only: a running run's latest flushes are in the tails)::
 
     pandas.read_parquet("RUN_DIR/parquet/metrics")
     duckdb.sql("select * from read_parquet('RUN_DIR/parquet/tables/completions/*.parquet', union_by_name=true)")
@@ -35,12 +37,12 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from rllog.errors import InvalidTable, TransientError
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
+from rllog_backends.parquet_store import PartStore
 
 METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())])
 ALERTS_SCHEMA = pa.schema([("step", pa.int64()), ("seq", pa.int64()), ("time", pa.float64()), ("rule", pa.string()), ("metric", pa.string()),
@@ -61,60 +63,9 @@ def table_name(dir_name: str) -> str:
     return urllib.parse.unquote(dir_name)
 
 
-def _parts(directory: Path) -> list[Path]:
-    return sorted(directory.glob("part-*.parquet"))
-
-
-def _write_atomic(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _max_seq(directory: Path, column: str) -> int:
-    """The highest ``column`` value in a directory's parts, from their footers' statistics (no data read)."""
-    highest = 0
-    for path in _parts(directory):
-        try:
-            meta = pq.ParquetFile(path).metadata
-        except (FileNotFoundError, pa.ArrowInvalid):
-            continue
-        index = meta.schema.to_arrow_schema().get_field_index(column)
-        for i in range(meta.num_row_groups):
-            stats = meta.row_group(i).column(index).statistics
-            if stats is not None and stats.has_min_max:
-                highest = max(highest, int(stats.max))
-    return highest
-
-
-def read_parts(directory: Path, seq_column: str) -> pa.Table | None:
-    """Every part in ``directory`` as one table, schemas unified (a later column is null in earlier rows).
-
-    A part whose records (``seq_column``) all appear in a bigger part is skipped: that is the instant
-    of compaction, when the merged file exists and the parts it replaces are not yet removed.
-    """
-    tables = []
-    for path in _parts(directory):
-        try:
-            tables.append(pq.read_table(path))
-        except FileNotFoundError:  # removed by a compaction since the listing
-            continue
-    seen: set[int] = set()
-    kept = []
-    for table in sorted(tables, key=lambda t: -t.num_rows):
-        seqs = set(table.column(seq_column).to_pylist())
-        if seqs and seqs <= seen:
-            continue
-        seen |= seqs
-        kept.append(table)
-    if not kept:
-        return None
-    merged = pa.concat_tables(kept, promote_options="permissive")
-    return merged.sort_by([(seq_column, "ascending")])
+def read_parts(directory: Path) -> pa.Table | None:
+    """Every row of one store directory, in seq order (None when it holds none)."""
+    return PartStore.read(directory)
 
 
 # -- reading a run's files -------------------------------------------------------------------------
@@ -163,7 +114,7 @@ def _latest(table: pa.Table, starts: list[tuple[int, int]], seq: str, step: str)
 
 
 def _metrics_all(run_dir: Path) -> pa.Table:
-    table = read_parts(store_dir(run_dir) / "metrics", "seq")
+    table = read_parts(store_dir(run_dir) / "metrics")
     return table if table is not None else METRICS_SCHEMA.empty_table()
 
 
@@ -182,7 +133,7 @@ def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tab
 def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
     """The health alerts of ``run_dir``: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
     run_dir = Path(run_dir)
-    table = read_parts(store_dir(run_dir) / "alerts", "seq")
+    table = read_parts(store_dir(run_dir) / "alerts")
     table = table if table is not None else ALERTS_SCHEMA.empty_table()
     return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "seq", "step")
 
@@ -194,7 +145,7 @@ def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") 
         KeyError: no table of that name.
     """
     run_dir = Path(run_dir)
-    table = read_parts(store_dir(run_dir) / "tables" / table_dir_name(name), "_seq")
+    table = read_parts(store_dir(run_dir) / "tables" / table_dir_name(name))
     if table is None:
         raise KeyError(f"no table {name!r} in {run_dir}")
     return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "_seq", "_step")
@@ -218,8 +169,6 @@ class ParquetSink:
 
     Args:
         directory: where to write; default ``<run_dir>/parquet`` (a relative path is below the run directory).
-        compact: merge each directory's part files into one at ``close``...
-        compact_above: ...when it holds more than this many parts (a short run keeps its few parts).
 
     Example:
         >>> run = rllog.init(report_to="parquet")   # also the default
@@ -228,19 +177,15 @@ class ParquetSink:
     """
 
     capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
-    MAX_BUFFERED_ROWS = 100_000  # a part is written early past this: memory stays bounded while catching up
+    MAX_BUFFERED_ROWS = 100_000  # rows are appended early past this: memory stays bounded while catching up
 
-    def __init__(self, directory: str | None = None, compact: bool = True, compact_above: int = 16):
+    def __init__(self, directory: str | None = None):
         self._option = directory
         self.directory: Path | None = None
-        self.compact = compact
-        self.compact_above = compact_above
         self._rows: list[tuple[int, str, float, float, int]] = []
         self._tables: dict[str, list[pa.Table]] = {}
         self._alerts: list[dict] = []
-        self._part_numbers: dict[Path, int] = {}  # directory -> its last part's number (listed once per directory)
-        self._written_seq: dict[Path, int] = {}  # directory -> highest seq on disk (records at or below it are not written again)
-        self._schemas: dict[str, pa.Schema] = {}  # table name -> the schema its parts unify to
+        self._stores: dict[Path, PartStore] = {}
 
     def open(self, run_info: RunInfo) -> None:
         if self._option:
@@ -249,47 +194,48 @@ class ParquetSink:
         else:
             self.directory = Path(run_info.run_dir) / DEFAULT_DIRECTORY
         with _disk_errors():
-            (self.directory / "metrics").mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(parents=True, exist_ok=True)
             self._meta = {"project": run_info.project, "name": run_info.name, "run_id": run_info.run_id, "config": dict(run_info.config),
                           "tags": list(run_info.tags), "status": "running"}
+            previous = self.directory / META_FILE
+            if previous.exists():  # a resumed run or a replay: keep the config updates delivered before
+                try:
+                    self._meta["config"] = {**json.loads(previous.read_text()).get("config", {}), **self._meta["config"]}
+                except ValueError:
+                    pass
             self._write_meta()
 
-    def _new(self, directory: Path, seq: int, column: str = "seq") -> bool:
-        """Whether a record is not on disk yet (a re-send after a killed agent is)."""
-        if directory not in self._written_seq:
-            self._written_seq[directory] = _max_seq(directory, column)
-        return seq > self._written_seq[directory]
+    def _store(self, *parts: str, seq_column: str = "seq") -> PartStore:
+        directory = self._dir(*parts)
+        store = self._stores.get(directory)
+        if store is None:
+            store = self._stores[directory] = PartStore(directory, seq_column)
+            with _disk_errors():
+                store.open()
+        return store
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
-        directory = self._dir("metrics")
+        written = self._store("metrics").written_seq
         for r in records:
-            if self._new(directory, r.seq):
+            if r.seq > written:  # not a re-send of what a killed agent had stored
                 for key, value in r.values.items():
                     self._rows.append((r.step, key, value, r.time, r.seq))
         if len(self._rows) >= self.MAX_BUFFERED_ROWS:
             self.flush()
 
     def write_table(self, record: TableRecord) -> None:
-        directory = self._dir("tables", table_dir_name(record.name))
-        if not self._new(directory, record.seq, "_seq"):
+        store = self._store("tables", table_dir_name(record.name), seq_column="_seq")
+        if record.seq <= store.written_seq:
             return
         n = record.table.num_rows
         table = record.table.add_column(0, "_step", pa.repeat(pa.scalar(record.step, pa.int64()), n))
         table = table.add_column(1, "_seq", pa.repeat(pa.scalar(record.seq, pa.int64()), n))
-        self._schemas[record.name] = self._unified(record.name, directory, table.schema)
-        self._tables.setdefault(record.name, []).append(table)
-
-    def _unified(self, name: str, directory: Path, schema: pa.Schema) -> pa.Schema:
-        """The table's schema with this batch's columns; a column whose type cannot be promoted is refused here,
-        so the record is rejected alone (and dead-lettered) rather than failing the flush of every table."""
-        known = self._schemas.get(name)
-        if known is None:
-            parts = _parts(directory)
-            known = pq.read_schema(parts[-1]) if parts else schema
-        try:
-            return pa.unify_schemas([known, schema], promote_options="permissive")
+        known = [store.schema] if store.schema is not None else []
+        try:  # a column's type that cannot be promoted is refused here, so this record alone is rejected (dead-lettered)
+            pa.unify_schemas([*known, *(t.schema for t in self._tables.get(record.name, [])), table.schema], promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise InvalidTable(f"table {name!r}: a column's type changed from earlier steps: {exc}") from exc
+            raise InvalidTable(f"table {record.name!r}: a column's type changed from earlier steps: {exc}") from exc
+        self._tables.setdefault(record.name, []).append(table)
 
     def write_config(self, record: ConfigRecord) -> None:
         self._meta["config"].update(record.values)
@@ -297,32 +243,34 @@ class ParquetSink:
             self._write_meta()
 
     def write_alert(self, record: AlertRecord) -> None:
-        if self._new(self._dir("alerts"), record.seq):
+        if record.seq > self._store("alerts").written_seq:
             self._alerts.append({"step": record.step, "seq": record.seq, "time": record.time, "rule": record.rule, "metric": record.metric,
                                  "value": record.value, "message": record.message, "level": record.level})
 
     def flush(self) -> None:
-        """Write one part per directory that has buffered data; each buffer is emptied once its part is on disk."""
+        """Append what is buffered to each directory's tail and hand it to the OS; each buffer is emptied once appended."""
         with _disk_errors():
             if self._alerts:
-                self._write_part(self._dir("alerts"), pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA), "seq")
+                self._store("alerts").append(pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA))
                 self._alerts = []
             if self._rows:
                 columns = list(zip(*self._rows, strict=True))
                 table = pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)], schema=METRICS_SCHEMA)
-                self._write_part(self._dir("metrics"), table, "seq")
+                self._store("metrics").append(table)
                 self._rows = []
             for name in list(self._tables):
-                directory = self._dir("tables", table_dir_name(name))
-                self._write_part(directory, pa.concat_tables(self._tables[name], promote_options="permissive"), "_seq")
+                tables = self._tables[name]
+                self._store("tables", table_dir_name(name), seq_column="_seq").append(
+                    pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0])
                 del self._tables[name]
+            for store in self._stores.values():
+                store.flush()
 
     def close(self, status: str) -> None:
         self.flush()
         with _disk_errors():
-            if self.compact:
-                for directory in [self._dir("metrics"), self._dir("alerts"), *self._dir("tables").glob("*")]:
-                    self._compact(directory)
+            for store in self._stores.values():
+                store.close()
             self._meta["status"] = status
             self._write_meta()
 
@@ -330,29 +278,6 @@ class ParquetSink:
     def _dir(self, *parts: str) -> Path:
         assert self.directory is not None, "open() first"
         return self.directory.joinpath(*parts)
-
-    def _write_part(self, directory: Path, table: pa.Table, seq_column: str) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(table, self._next_part(directory))
-        self._written_seq[directory] = max(self._written_seq.get(directory, 0), pc.max(table.column(seq_column)).as_py() or 0)
-
-    def _next_part(self, directory: Path) -> Path:
-        if directory not in self._part_numbers:
-            parts = _parts(directory)
-            self._part_numbers[directory] = int(parts[-1].stem.split("-")[1]) if parts else 0
-        self._part_numbers[directory] += 1
-        return directory / f"part-{self._part_numbers[directory]:06d}.parquet"
-
-    def _compact(self, directory: Path) -> None:
-        parts = _parts(directory)
-        if len(parts) <= max(1, self.compact_above):
-            return
-        merged = read_parts(directory, "_seq" if directory.parent.name == "tables" else "seq")
-        # Written under the last part's name; for the instant before the older parts are removed,
-        # read_parts skips parts the merged file covers.
-        _write_atomic(merged, parts[-1])
-        for p in parts[:-1]:
-            p.unlink()
 
     def _write_meta(self) -> None:
         tmp = self._dir(f".{META_FILE}.tmp")

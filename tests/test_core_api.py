@@ -243,19 +243,22 @@ def test_retry_policy_object_is_kept(tmp_path):
     run.finish()
 
 
-def test_parquet_compacts_many_parts_at_close(tmp_path):
+def test_parquet_store_is_parquet_only_after_close_and_columns_grow(tmp_path):
     from rllog_backends.parquet import ParquetSink
 
-    sink = ParquetSink(compact_above=3)
+    sink = ParquetSink()
     sink.open(RunInfo("p", "n", str(tmp_path), "id"))
-    for i in range(6):  # six flushes: six parts per directory
+    for i in range(6):  # six flushes: appended to each directory's tail
         sink.write_metrics([MetricsRecord(2 * i + 1, i, 0.0, {"x": float(i)})])
         sink.write_table(TableRecord(2 * i + 2, i, 0.0, "t", pa.table({"a": [i]} if i < 3 else {"a": [i], "b": ["new"]})))
         sink.flush()
-    assert len(list((tmp_path / "parquet" / "metrics").glob("*.parquet"))) == 6
+        assert rllog.read_metrics(tmp_path).num_rows == i + 1  # readable at once
     sink.close("finished")
-    assert len(list((tmp_path / "parquet" / "metrics").glob("*.parquet"))) == 1
-    assert len(list((tmp_path / "parquet" / "tables" / "t").glob("*.parquet"))) == 1
+    assert [p.name.startswith("part-") for p in (tmp_path / "parquet" / "metrics").iterdir()] == [True]
+    assert all(p.suffix == ".parquet" for p in (tmp_path / "parquet" / "tables" / "t").iterdir())
     assert rllog.read_metrics(tmp_path).column("value").to_pylist() == [float(i) for i in range(6)]
     table = rllog.read_table(tmp_path, "t")
     assert table.column("a").to_pylist() == list(range(6)) and table.column("b").to_pylist() == [None] * 3 + ["new"] * 3
+    import pandas as pd
+
+    assert pd.read_parquet(tmp_path / "parquet" / "metrics")["value"].tolist() == [float(i) for i in range(6)]

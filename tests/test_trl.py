@@ -11,12 +11,13 @@ pytest.importorskip("trl")
 import rllog  # noqa: E402
 from tiny_grpo import PROMPTS, build_tiny_model, make_grpo_trainer, reward_has_digit  # noqa: E402
 
-GRPO_KEYS = {
+GRPO_KEYS = {"train/" + k for k in (
     "loss", "grad_norm", "learning_rate", "num_tokens", "completions/mean_length", "completions/min_length",
     "completions/max_length", "completions/clipped_ratio", "rewards/reward_has_digit/mean", "rewards/reward_has_digit/std",
     "rewards/reward_short/mean", "rewards/reward_short/std", "reward", "reward_std", "frac_reward_zero_std", "entropy",
     "kl", "clip_ratio/region_mean", "step_time", "epoch",
-}
+)}
+PROFILED = "profiling/Time taken: GRPOTrainer."  # TRL's timings, named after the trainer class (tiny_grpo names it GRPOTrainer)
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +32,33 @@ def metric_series(run_dir):
     return out
 
 
-def test_grpo_with_mixin_logs_metrics_custom_metric_and_completions(tiny_model, tmp_path):
+def test_grpo_with_mixin_logs_metrics_custom_metric_completions_and_profiling(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
     trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)})
     assert trainer.args.report_to == []  # TRL's own table/profiling paths see no tracker
+    assert trainer.rllog_run is None and not run_dir.exists()  # no run (and no agent) until training starts
     trainer.train()
     assert trainer.rllog_run.finish().ok
     series = metric_series(run_dir)
     assert GRPO_KEYS <= set(series)
-    assert [s for s, _ in series["reward"]] == [1, 2, 3]
+    assert [s for s, _ in series["train/reward"]] == [1, 2, 3]
     # the values are TRL's own: compare with the trainer's log history
     history = [h for h in trainer.state.log_history if "reward" in h]
-    assert [v for _, v in series["reward"]] == [h["reward"] for h in history]
-    assert [v for _, v in series["digits/fraction"]] == [h["digits/fraction"] for h in history]  # log_metric
-    assert series["train_runtime"] == [(3, trainer.state.log_history[-1]["train_runtime"])]  # the summary, once
+    assert [v for _, v in series["train/reward"]] == [h["reward"] for h in history]
+    assert [v for _, v in series["train/digits/fraction"]] == [h["digits/fraction"] for h in history]  # log_metric
+    assert series["train/train_runtime"] == [(3, trainer.state.log_history[-1]["train_runtime"])]  # the summary, once
+    # TRL's profiling timings, at the step being trained: generation, the reward functions
+    profiled = {k[len(PROFILED):]: [s for s, _ in v] for k, v in series.items() if k.startswith(PROFILED)}
+    assert {"reward_has_digit", "reward_short", "transformers.generate"} <= set(profiled), sorted(profiled)
+    assert sorted(set(profiled["reward_has_digit"])) == [1, 2, 3]
+    assert all(v > 0 for k, vs in series.items() if k.startswith(PROFILED) for _, v in vs)
     table = rllog.read_table(run_dir, "completions")
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2, 3]
-    assert {"prompt", "completion", "reward_has_digit", "reward_short", "n_chars", "advantage"} <= set(table.column_names)
+    assert table.column_names[2:5] == ["step", "prompt", "completion"]  # after rllog's _step, _seq: TRL's column order
+    assert {"reward_has_digit", "reward_short", "n_chars", "advantage"} <= set(table.column_names)
     rows = [r for r in table.to_pylist() if r["_step"] == 3]
-    assert len(rows) == 4 and all(r["n_chars"] == len(r["completion"]) for r in rows)  # log_extra column lines up
+    assert len(rows) == 4 and all(r["step"] == 3 for r in rows)
+    assert all(r["n_chars"] == len(r["completion"]) for r in rows)  # log_extra column lines up
     assert all(r["reward_has_digit"] == (1.0 if any(c.isdigit() for c in r["completion"]) else 0.0) for r in rows)
 
 
@@ -60,8 +69,22 @@ def test_mixin_removes_transformers_callbacks_for_the_names_it_serves(tiny_model
     names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
     assert "TensorBoardCallback" not in names and "RLLogCallback" in names
     assert not any(isinstance(cb, TensorBoardCallback) for cb in trainer.callback_handler.callbacks)
-    assert trainer.rllog_run.sink_names == ["tensorboard"]
-    trainer.rllog_run.finish()
+    assert trainer.rllog_callback.report_to == ["tensorboard"] and trainer.rllog_run is None
+
+
+def test_conversations_stay_messages_and_log_unique_prompts_keeps_one_row_per_prompt(tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)},
+                                conversational=True, log_unique_prompts=True)
+    trainer.train()
+    assert trainer.rllog_run.finish().ok
+    rows = rllog.read_table(run_dir, "completions").to_pylist()
+    assert [r["step"] for r in rows] == [1, 2]  # 4 completions of one prompt a step: one row each
+    for row in rows:
+        (message,) = row["prompt"]
+        assert message["role"] == "user" and message["content"] in PROMPTS
+        assert [m["role"] for m in row["completion"]] == ["assistant"] and isinstance(row["completion"][0]["content"], str)
+        assert row["n_chars"] == len(row["completion"][0]["content"])
 
 
 def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
@@ -76,8 +99,22 @@ def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
     cb.on_log(args, state, TrainerControl(), logs={"loss": 0.5, "eval_loss": 0.25, "eval_reward": None, "note": "text"})
     cb.run.finish()
     series = metric_series(tmp_path / "run")
-    assert series["loss"] == [(7, 0.5)] and series["eval/loss"] == [(7, 0.25)]
-    assert math.isnan(series["eval/reward"][0][1]) and "note" not in series
+    assert series["train/loss"] == [(7, 0.5)] and series["eval/loss"] == [(7, 0.25)]
+    assert math.isnan(series["eval/reward"][0][1]) and "note" not in series and "train/note" not in series
+
+
+def test_train_prefix_can_be_dropped(tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from rllog.integrations.transformers import RLLogCallback
+
+    cb = RLLogCallback(run_dir=str(tmp_path / "run"), train_prefix="")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    state = TrainerState()
+    state.global_step = 2
+    cb.on_log(args, state, TrainerControl(), logs={"loss": 0.5, "eval_loss": 0.25, "test_acc": 1.0})
+    cb.finish()
+    assert set(metric_series(tmp_path / "run")) == {"loss", "eval/loss", "test/acc"}
 
 
 def test_callback_flattens_nested_values_whether_or_not_another_value_is_text(tmp_path):
@@ -94,8 +131,8 @@ def test_callback_flattens_nested_values_whether_or_not_another_value_is_text(tm
     cb.on_log(args, state, TrainerControl(), logs={"rewards": {"acc": 0.75}, "loss": 2.0, "note": "text"})
     cb.run.finish()
     series = metric_series(tmp_path / "run")
-    assert series["rewards/acc"] == [(3, 0.5), (4, 0.75)] and series["loss"] == [(3, 1.0), (4, 2.0)]
-    assert "note" not in series
+    assert series["train/rewards/acc"] == [(3, 0.5), (4, 0.75)] and series["train/loss"] == [(3, 1.0), (4, 2.0)]
+    assert "train/note" not in series
 
 
 def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model, tmp_path):
@@ -119,9 +156,9 @@ def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model
     trainer.train()
     assert trainer.rllog_run.finish().ok
     series = metric_series(run_dir)
-    assert [s for s, _ in series["custom/from_reward_fn"]] == [s for s, _ in series["reward"]] == [1, 2, 3]
+    assert [s for s, _ in series["custom/from_reward_fn"]] == [s for s, _ in series["train/reward"]] == [1, 2, 3]
     table = rllog.read_table(run_dir, "eval_completions").to_pylist()
-    assert [r["_step"] for r in table] == [2, 2]
+    assert [r["_step"] for r in table] == [2, 2] and [r["step"] for r in table] == [2, 2]
     assert [r["prompt"] for r in table] == [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in PROMPTS[:2]] or all(PROMPTS[i] in table[i]["prompt"] for i in range(2))
     assert all(isinstance(r["completion"], str) for r in table)
 
@@ -135,16 +172,17 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
     run_dir = tmp_path / "run"
     trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=ALL_TRACKERS,
                                 rllog_options={"run_dir": str(run_dir), "project": "e2e", "health": False})
-    assert sorted(trainer.rllog_run.sink_names) == sorted(ALL_TRACKERS)
     trainer.train()
+    assert sorted(trainer.rllog_run.sink_names) == sorted(ALL_TRACKERS)
     report = trainer.rllog_run.finish(timeout=180)
     assert report.ok, str(report)
     history = [h for h in trainer.state.log_history if "reward" in h]
     for backend in ALL_TRACKERS:
         got = read_back(backend, tracker_dirs, trainer.rllog_run.info)
         assert GRPO_KEYS <= set(got.metrics), (backend, GRPO_KEYS - set(got.metrics))
-        assert [s for s, _ in sorted(got.metrics["digits/fraction"])] == [1, 2], backend  # reward fn's log_metric
-        assert [v for _, v in sorted(got.metrics["reward"])] == pytest.approx([h["reward"] for h in history], rel=1e-6), backend
+        assert [s for s, _ in sorted(got.metrics["train/digits/fraction"])] == [1, 2], backend  # reward fn's log_metric
+        assert [v for _, v in sorted(got.metrics["train/reward"])] == pytest.approx([h["reward"] for h in history], rel=1e-6), backend
+        assert any(k.startswith(PROFILED) for k in got.metrics), backend
         steps = [s for s, _ in got.tables["completions"]]
         assert steps == [1, 2], backend
         rows = got.tables["completions"][-1][1]
@@ -186,7 +224,7 @@ def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path
     results = sorted((json.loads(p.read_text()) for p in results_dir.glob("rank*.json")), key=lambda r: r["rank"])
     assert results == [{"rank": 0, "run": "Run", "ok": True}, {"rank": 1, "run": "NoneType", "ok": None}]
     series = metric_series(out / "run")
-    assert [s for s, _ in series["reward"]] == [1, 2]
+    assert [s for s, _ in series["train/reward"]] == [1, 2]
     table = rllog.read_table(out / "run", "completions")
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2]
     # one run directory, one journal writer, one TensorBoard run: nothing from rank 1
@@ -213,7 +251,7 @@ def test_rloo_with_mixin(tiny_model, tmp_path):
     assert trainer.rllog_run.finish().ok
     series = metric_series(tmp_path / "run")
     history = [h for h in trainer.state.log_history if "reward" in h]
-    assert [v for _, v in series["reward"]] == [h["reward"] for h in history] and [s for s, _ in series["reward"]] == [1, 2]
-    assert [s for s, _ in series["digits/fraction"]] == [1, 2]
+    assert [v for _, v in series["train/reward"]] == [h["reward"] for h in history] and [s for s, _ in series["train/reward"]] == [1, 2]
+    assert [s for s, _ in series["train/digits/fraction"]] == [1, 2]
     table = rllog.read_table(tmp_path / "run", "completions")
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2] and "n_chars" in table.column_names

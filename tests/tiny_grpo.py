@@ -12,7 +12,7 @@ from typing import Any
 
 from rllog.demo import PROMPTS, build_tiny_model
 
-__all__ = ["PROMPTS", "build_tiny_model", "make_grpo_trainer", "reward_has_digit", "reward_short"]
+__all__ = ["PROMPTS", "build_tiny_model", "grpo_dataset", "make_grpo_trainer", "reward_has_digit", "reward_short"]
 
 
 def _texts(completions: list) -> list[str]:
@@ -36,26 +36,36 @@ def reward_short(completions, **kwargs) -> list[float]:
     return [1.0 / (1.0 + len(t)) for t in _texts(completions)]
 
 
+def grpo_dataset(conversational: bool = False):
+    """The prompts as a dataset: plain text, or one-message conversations (``[{"role": "user", "content": ...}]``)."""
+    from datasets import Dataset
+
+    prompts = [[{"role": "user", "content": p}] for p in PROMPTS] if conversational else PROMPTS
+    return Dataset.from_dict({"prompt": prompts})
+
+
 def make_grpo_trainer(
-    model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, **config_overrides: Any
+    model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, *, mixin: bool = True,
+    conversational: bool = False, **config_overrides: Any
 ):
-    """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only.
+    """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`, unless ``mixin=False``) on the tiny model, CPU only.
 
     4 completions a step, logged every step, rewarded by :func:`reward_has_digit` and :func:`reward_short`;
     ``config_overrides`` go to ``GRPOConfig``.
     """
-    from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
-
-    from rllog.integrations.trl import RLLogMixin
-
-    class Trainer(RLLogMixin, GRPOTrainer):
-        pass
 
     settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4,
                     max_completion_length=8, max_steps=steps, logging_steps=1, report_to=report_to, log_completions=True,
                     num_completions_to_print=0, beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False,
                     dataloader_num_workers=0)
     settings.update(config_overrides)
-    return Trainer(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings),
-                   train_dataset=Dataset.from_dict({"prompt": PROMPTS}), rllog_options=rllog_options)
+    kwargs = dict(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings),
+                  train_dataset=grpo_dataset(conversational))
+    if not mixin:
+        return GRPOTrainer(**kwargs)
+    from rllog.integrations.trl import RLLogMixin
+
+    # Named as TRL's class, as a user switching keeps it: TRL's profiling timings are named after the class.
+    trainer_class = type("GRPOTrainer", (RLLogMixin, GRPOTrainer), {})
+    return trainer_class(**kwargs, rllog_options=rllog_options)

@@ -3,19 +3,37 @@
 Example:
     >>> from transformers import Trainer
     >>> from rllog.integrations.transformers import RLLogCallback
-    >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[RLLogCallback(report_to="mlflow,parquet")])
+    >>> callback = RLLogCallback(report_to="mlflow,parquet")
+    >>> trainer = Trainer(model, args, train_dataset=ds, callbacks=[callback])
+    >>> trainer.train()
+    >>> callback.finish()                      # or finish_run(trainer)
 
-Names: training keys are logged as the trainer gives them (``loss``, ``grad_norm``, ``learning_rate``...),
-evaluation keys ``eval_x`` become ``eval/x`` (``test_x`` -> ``test/x``), the same in every tracker;
-the end-of-training summary (``train_runtime``...) arrives once, at the last step. A ``None`` value
-(TRL logs one for a metric whose every sample was NaN) is logged as NaN; a value that is not a number
-(a string, a list) is not a metric and is skipped with a warning naming it, once per key.
+Names are the ones transformers' own callbacks give wandb, TensorBoard, trackio and Comet (their
+``rewrite_logs``): training keys get ``train/`` (``train/loss``, ``train/reward``...), ``eval_x`` becomes
+``eval/x`` and ``test_x`` ``test/x``, the same in every tracker (MLflow included); ``train_prefix=""``
+drops the ``train/``. The end-of-training summary (``train_runtime``...) arrives once, at the last step.
+A ``None`` value (TRL logs one for a metric whose every sample was NaN) is logged as NaN; a value that is
+not a number (a string, a list) is not a metric and is skipped with a warning naming it, once per key.
+
+Lifecycle: the run starts when training (or the first log of an evaluation) starts, on the global main
+process; ``train()`` and ``evaluate()`` return only once every tracker holds what they logged
+(:meth:`rllog.Run.flush`); the run stays open for later ``evaluate()`` calls and is finished by
+:meth:`RLLogCallback.finish`, when the trainer is garbage-collected, or at interpreter exit. A trainer
+resumed from a checkpoint (``train(resume_from_checkpoint=...)``) continues the same rllog run and
+tracker runs: the run's id and directory travel in the checkpoint's ``trainer_state.json``.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
+import os
+import queue
+import socket
+import threading
+import weakref
+from datetime import datetime
 from typing import Any
 
 from transformers import TrainerCallback
@@ -29,14 +47,23 @@ log = logging.getLogger("rllog.integrations")
 # transformers' report_to names that rllog serves (transformers name -> rllog backend name).
 SERVED = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "trackio": "trackio", "comet_ml": "comet_ml", "parquet": "parquet", "console": "console"}
 PREFIXES = {"eval_": "eval/", "test_": "test/"}
+TRAIN_PREFIX = "train/"
+# The key, in TrainerState.stateful_callbacks (saved in every checkpoint's trainer_state.json), of the run to resume.
+STATE_KEY = "rllog"
+DEFAULT_PROJECT = "huggingface"  # TrainingArguments.project's default, and the wandb project transformers uses by default
 
 
-def rename(key: str) -> str:
-    """``eval_loss`` -> ``eval/loss``; training keys unchanged."""
+def rename(key: str, train_prefix: str = TRAIN_PREFIX) -> str:
+    """``eval_loss`` -> ``eval/loss``, ``test_x`` -> ``test/x``, any other key -> ``train_prefix + key``.
+
+    Example:
+        >>> rename("eval_loss"), rename("reward"), rename("reward", train_prefix="")
+        ('eval/loss', 'train/reward', 'reward')
+    """
     for prefix, replacement in PREFIXES.items():
         if key.startswith(prefix):
             return replacement + key[len(prefix):]
-    return key
+    return train_prefix + key
 
 
 def split_report_to(report_to: Any) -> tuple[list[str], list[str]]:
@@ -50,13 +77,108 @@ def split_report_to(report_to: Any) -> tuple[list[str], list[str]]:
     return ours, theirs
 
 
-def trainer_config(args: Any, model: Any = None) -> dict:
-    """The hyperparameters a tracker shows: the TrainingArguments, and the model config under ``model/``."""
+def trainer_config(args: Any, model: Any = None, report_to: Any = None) -> dict:
+    """The hyperparameters a tracker shows: the TrainingArguments, the model config under ``model/``, and
+    ``model/num_parameters`` (as transformers' callbacks record it).
+
+    Args:
+        report_to: the ``report_to`` to record instead of ``args.report_to`` (an integration that rewrote
+            ``args.report_to``, like the TRL mixin, passes the user's).
+    """
     config = dict(args.to_dict()) if hasattr(args, "to_dict") else {}
+    if report_to is not None:
+        config["report_to"] = list(report_to)
     model_config = getattr(model, "config", None)
     if model_config is not None and hasattr(model_config, "to_dict"):
         config["model"] = model_config.to_dict()
+    try:
+        config.setdefault("model", {})["num_parameters"] = model.num_parameters()
+    except (AttributeError, TypeError):
+        pass
     return config
+
+
+def finish_run(trainer: Any, status: str = "finished", timeout: float = 120.0):
+    """Finish the rllog run of ``trainer`` (the run of its :class:`RLLogCallback`, the TRL mixin's included).
+
+    Returns:
+        The run's :class:`rllog.FinishReport`, or None on processes other than the main one (and before
+        the run started).
+
+    Raises:
+        ValueError: ``trainer`` has no RLLogCallback.
+    """
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, RLLogCallback):
+            return callback.finish(status, timeout)
+    raise ValueError(f"{type(trainer).__name__} has no RLLogCallback (add one with callbacks=[RLLogCallback(...)])")
+
+
+class _StepClock:
+    """The trainer's current step, for ``run.step_source``: it holds the TrainerState, never the callback or
+    the trainer, so the run does not keep them alive."""
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.in_step = False
+
+    def current(self) -> int:
+        step = self.state.global_step if self.state is not None else 0
+        return step + (1 if self.in_step else 0)
+
+
+class _Release:
+    """What finishes a run whose callback was garbage-collected: the run, and the status to finish it with."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+        self.status = "finished"
+        self.orphaned = False  # set by the finalizer: the callback (and its trainer) is gone
+
+    def finish(self) -> None:
+        try:
+            if not self.run.finished:
+                self.run.finish(self.status)
+        except Exception as exc:  # on the reaper thread or at a new run's start: nobody to raise to
+            log.error("rllog: finishing %s after its trainer was released failed: %s", self.run.run_dir, exc)
+        finally:
+            _releases.discard(self)
+
+
+_releases: set[_Release] = set()  # the runs integrations started and have not finished
+_orphans: "queue.SimpleQueue[_Release]" = queue.SimpleQueue()
+_reaper_lock = threading.Lock()
+_reaper: threading.Thread | None = None
+
+
+def _on_callback_collected(release: _Release) -> None:
+    """The finalizer of a callback: may run at any allocation, on any thread, with any lock held, so it only
+    marks and queues (``SimpleQueue.put`` is safe there); the reaper thread finishes the run."""
+    release.orphaned = True
+    _orphans.put(release)
+
+
+def _reap_forever() -> None:
+    while True:
+        _orphans.get().finish()
+
+
+def _start_reaper() -> None:
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap_forever, name="rllog-integration-reaper", daemon=True)
+            _reaper.start()
+
+
+def _release_collected_runs() -> None:
+    """Before a new run: finish the runs of trainers that are garbage now (a replaced trainer in a notebook, a
+    sweep, a test suite), so that one process never keeps one delivery agent per trainer it ever built."""
+    if not any(not r.run.finished for r in list(_releases)):
+        return
+    gc.collect()  # trainers are reference cycles: without a collection a replaced trainer lingers
+    for release in [r for r in list(_releases) if r.orphaned]:
+        release.finish()  # waits for the reaper if it is finishing this one already
 
 
 class RLLogCallback(TrainerCallback):
@@ -64,49 +186,150 @@ class RLLogCallback(TrainerCallback):
 
     Args:
         report_to: rllog backends (default: the embedded default, parquet). Ignored if ``run`` is given.
-        run: an existing :class:`rllog.Run` to log into.
-        **init_kwargs: passed to :func:`rllog.init` (``project``, ``name``, ``run_dir``, ...).
-
-    The run starts at ``on_train_begin`` on the global main process (other ranks log nothing) and stays
-    open after training so that later ``evaluate()`` calls are logged too; it is finished by
-    ``run.finish()`` (``trainer.rllog_run`` with the TRL mixin) or at interpreter exit.
+        run: an existing :class:`rllog.Run` to log into (then it is yours to finish).
+        train_prefix: put before training keys (default ``"train/"``, as transformers' wandb, TensorBoard,
+            trackio and Comet callbacks do); ``""`` logs them bare.
+        flush_timeout: seconds the end of ``train()``/``evaluate()`` waits for the trackers (:meth:`rllog.Run.flush`).
+        args_report_to: the ``report_to`` to record in the config instead of ``args.report_to`` (for an
+            integration that rewrote ``args.report_to``).
+        **init_kwargs: passed to :func:`rllog.init` (``project``, ``name``, ``run_dir``, ``backend_options``...);
+            they win over what the callback takes from the TrainingArguments (``project``, ``run_name``).
     """
 
-    def __init__(self, report_to: Any = None, run: "rllog.Run | None" = None, **init_kwargs: Any):
+    def __init__(self, report_to: Any = None, run: "rllog.Run | None" = None, *, train_prefix: str = TRAIN_PREFIX,
+                 flush_timeout: float = 60.0, args_report_to: Any = None, **init_kwargs: Any):
         self.report_to = report_to
         self.run = run
+        self.train_prefix = train_prefix
+        self.flush_timeout = flush_timeout
+        self.args_report_to = args_report_to
         self.init_kwargs = init_kwargs
+        self.tensorboard_logdir: str | None = None
         self._skipped: set[str] = set()
+        self._clock = _StepClock()
+        self._release: _Release | None = None
+        self._training = False
 
-    def start(self, args: Any, model: Any = None) -> "rllog.Run":
-        """Start the run now (idempotent)."""
-        if self.run is None:
-            # The trainer has reduced its metrics across ranks already and logs from the main process only.
-            kwargs = {"project": "huggingface", "name": getattr(args, "run_name", None), "reduce_across_ranks": False} | self.init_kwargs
-            self.run = rllog.init(report_to=self.report_to, config=trainer_config(args, model), **kwargs)
+    # -- the run ---------------------------------------------------------------------------------
+    def start(self, args: Any, model: Any = None, state: Any = None) -> "rllog.Run":
+        """Start the run now (idempotent); resumes the run a checkpoint's ``state`` names."""
+        if self.run is not None and not (self._release is not None and self.run.finished):
+            return self.run
+        previous = self.run  # a run this callback started and that was finished: continue it
+        _release_collected_runs()
+        # The trainer has reduced its metrics across ranks already and logs from the main process only.
+        kwargs = {"project": getattr(args, "project", None) or DEFAULT_PROJECT, "name": getattr(args, "run_name", None),
+                  "reduce_across_ranks": False}
+        kwargs.update(self._resume_kwargs(_saved_run(state), previous))
+        kwargs.update(self.init_kwargs)
+        kwargs["backend_options"] = self._backend_options(args, kwargs.get("backend_options"), _saved_run(state))
+        config = trainer_config(args, model, self.args_report_to)
+        self.run = rllog.init(report_to=self.report_to, config=config, **kwargs)
+        if getattr(self.run, "run_dir", None) is not None:
+            self._release = _Release(self.run)
+            _releases.add(self._release)
+            _start_reaper()
+            finalizer = weakref.finalize(self, _on_callback_collected, self._release)
+            finalizer.atexit = False  # at exit, rllog finishes every live run itself (with the right status)
+        self.run.step_source = self._clock.current
+        self._remember(state)
         return self.run
 
+    def finish(self, status: str = "finished", timeout: float = 120.0):
+        """Finish the run (``finished``, ``failed`` or ``killed``); returns its report (None without a run)."""
+        if self.run is None:
+            return None
+        return self.run.finish(status, timeout)
+
+    def _resume_kwargs(self, saved: dict | None, previous: Any) -> dict:
+        if previous is not None:
+            return {"run_dir": previous.run_dir, "resume": "allow"}
+        if not saved or not saved.get("run_id"):
+            return {}
+        kwargs: dict[str, Any] = {"run_id": saved["run_id"], "resume": "allow"}
+        run_dir = saved.get("run_dir")
+        if run_dir and os.path.isdir(run_dir):
+            kwargs["run_dir"] = run_dir
+        return kwargs  # without the directory (another machine): found by id under the runs root, or a new one with that id
+
+    def _backend_options(self, args: Any, options: Any, saved: dict | None) -> dict:
+        """The caller's backend options, plus TensorBoard's log directory where transformers writes it:
+        ``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>`` (the same one again when the run resumes), unless
+        ``TENSORBOARD_LOGGING_DIR`` or a ``logdir`` option says otherwise."""
+        options = {name: dict(values) for name, values in (options or {}).items()}
+        selects_tensorboard = "tensorboard" in _selected_names(self.report_to)
+        given = options.get("tensorboard", {}).get("logdir") or os.environ.get("TENSORBOARD_LOGGING_DIR")
+        output_dir = getattr(args, "output_dir", None)
+        if selects_tensorboard and not given and output_dir:
+            logdir = (saved or {}).get("tensorboard_logdir") or os.path.join(
+                os.path.abspath(output_dir), "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname())
+            options.setdefault("tensorboard", {})["logdir"] = logdir
+            self.tensorboard_logdir = logdir
+            log.info("rllog: TensorBoard logs in %s", logdir)
+        return options
+
+    def _remember(self, state: Any) -> None:
+        """Put the run's id and directory in the TrainerState, which every checkpoint saves: a trainer resumed
+        from that checkpoint (in this process or another) continues the run."""
+        run_dir = getattr(self.run, "run_dir", None)
+        if state is None or run_dir is None or not isinstance(getattr(state, "stateful_callbacks", None), dict):
+            return
+        attributes = {"run_id": self.run.run_id, "run_dir": os.path.abspath(run_dir), "tensorboard_logdir": self.tensorboard_logdir}
+        state.stateful_callbacks[STATE_KEY] = {"args": {}, "attributes": attributes}
+
+    def _flush(self) -> None:
+        if self.run is None or self.run.finished or not hasattr(self.run, "flush"):
+            return
+        report = self.run.flush(self.flush_timeout)
+        if not report.ok:
+            log.warning("rllog: not every tracker holds every record yet (flush timeout %ss):\n%s", self.flush_timeout, report)
+
+    def _set_outcome(self, status: str) -> None:
+        if self._release is not None:
+            self._release.status = status
+
+    # -- the trainer's events --------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._clock.state = state
+        self._training = True
         if state.is_world_process_zero:
-            self.start(args, model)
+            self.start(args, model, state)
         if self.run is not None:
             # rllog.log(...) without a step, from a reward function or another callback, lands on the
             # step the trainer is computing (the one its own logs for this step will carry).
-            self.run.step_source = lambda: state.global_step + (1 if self._in_step else 0)
-
-    _in_step = False
+            self.run.step_source = self._clock.current
+            self._remember(state)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._in_step = True
+        self._clock.in_step = True
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._in_step = False
+        self._clock.in_step = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._training = False
+        self._clock.in_step = False
+        self._set_outcome("finished")
+        if state.is_world_process_zero:
+            self._flush()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and not self._training:  # during training the end of train() flushes
+            self._flush()
+
+    def on_predict(self, args, state, control, metrics=None, **kwargs):
+        if state.is_world_process_zero and metrics:
+            self.on_log(args, state, control, logs=metrics, model=kwargs.get("model"))
+            if not self._training:
+                self._flush()
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        run = self.start(args, model)
-        values = {rename(key): math.nan if value is None else value for key, value in logs.items()}
+        if self._clock.state is None:
+            self._clock.state = state
+        run = self.start(args, model, state)
+        values = {self._rename(key): math.nan if value is None else value for key, value in logs.items()}
         try:
             run.log(values, step=state.global_step)  # validates; the common case: every value is a number
             return
@@ -114,6 +337,9 @@ class RLLogCallback(TrainerCallback):
             values = self._numbers_only(logs)
         if values:
             run.log(values, step=state.global_step)
+
+    def _rename(self, key: str) -> str:
+        return rename(key, self.train_prefix)
 
     def _numbers_only(self, logs: dict) -> dict:
         """``logs`` renamed, without the values that are not numbers (each warned about once)."""
@@ -132,5 +358,22 @@ class RLLogCallback(TrainerCallback):
                     self._skipped.add(key)
                     log.warning("rllog: %r is not a number (%s); not logged as a metric", key, type(value).__name__)
                 continue
-            values[rename(key)] = value
+            values[self._rename(key)] = value
         return values
+
+
+def _saved_run(state: Any) -> dict | None:
+    """The run a checkpoint's TrainerState names (see :meth:`RLLogCallback._remember`), if any."""
+    entry = (getattr(state, "stateful_callbacks", None) or {}).get(STATE_KEY) if state is not None else None
+    return entry.get("attributes") if isinstance(entry, dict) else None
+
+
+def _selected_names(report_to: Any) -> list[str]:
+    """The backend names a ``report_to`` selects (sink objects left out), without importing any tracker."""
+    from rllog.registry import parse_report_to
+
+    try:
+        return [item for item in parse_report_to(report_to) if isinstance(item, str)]
+    except Exception:  # rllog.init reports a bad report_to with its own message
+        return []
+

@@ -14,21 +14,39 @@ What changes:
 - The ``report_to`` names rllog serves (wandb, tensorboard, mlflow, trackio, comet_ml, and rllog's own
   parquet/console) go through rllog; transformers' callbacks for those names are removed, so nothing is
   logged twice. Names rllog does not serve (e.g. clearml) stay with transformers. ``rllog_report_to=``
-  overrides the list; with no name selected, rllog writes its embedded default (parquet).
-- Every logged step's completions table (prompt, completion, one column per reward function, every
-  ``log_extra`` column, advantage) goes to every selected tracker through ``log_table`` at that step,
-  from the main process only. TRL's own wandb/trackio-only table path does not run.
-- ``trl.extras.profiling`` would write ``profiling/...`` timings straight to wandb/mlflow/trackio; with
-  the mixin those direct calls are off (they read ``args.report_to``, from which the mixin removes the
-  names it serves after set-up): timings are not tracker metrics of the run.
+  overrides the list; with no name selected, rllog writes its embedded default (parquet). The run's
+  config records the ``report_to`` the user gave.
+- Metric names are transformers' (``train/reward``, ``eval/reward``: :class:`RLLogCallback`).
+- Every logged step's completions table (``step``, prompt, completion, one column per reward function,
+  every ``log_extra`` column, advantage; one row per prompt with ``log_unique_prompts``) goes to every
+  selected tracker through ``log_table`` at that step, from the main process only: ``completions`` in
+  training, ``eval/completions`` in evaluation. Conversations stay lists of messages. TRL's own
+  wandb/trackio-only table path does not run.
+- ``trl.extras.profiling``'s ``profiling/Time taken: ...`` timings, which TRL would write straight to
+  wandb/mlflow/trackio, are logged through rllog, to every selected tracker, at the step being trained.
+- The run starts when ``train()`` or ``evaluate()`` starts, both return once every tracker holds what
+  they logged, and a trainer that is garbage-collected finishes its run. ``train(resume_from_checkpoint=...)``
+  continues the same run and tracker runs.
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
+import re
+import sys
+import warnings
 from typing import Any
 
-from rllog.integrations.transformers import RLLogCallback, split_report_to
+from rllog.errors import RunFinished
+from rllog.integrations.transformers import TRAIN_PREFIX, RLLogCallback, split_report_to
+
+EVAL_TABLE = "eval/completions"
+TRAIN_TABLE = "completions"
+_THIS_FILE = (lambda: None).__code__.co_filename  # what the warnings module reports for a frame of this module
+# The callback whose run TRL's profiling timings go to, while a mixin trainer trains or evaluates.
+_profiling_callback: contextvars.ContextVar[RLLogCallback | None] = contextvars.ContextVar("rllog_profiling_callback", default=None)
 
 
 def _text(value: Any) -> str:
@@ -40,60 +58,179 @@ def _text(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
+def _is_conversation(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def _messages(value: Any) -> Any:
+    """A prompt or completion for a table cell: text as it is; a conversation as a list of messages whose
+    fields are text (a structured ``content``, e.g. multimodal blocks with their images dropped, as JSON), so
+    every call's column has one type; anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if _is_conversation(value):
+        from trl.trainer.utils import strip_images_from_messages
+
+        return [{str(k): v if v is None or isinstance(v, str) else json.dumps(v, default=str) for k, v in m.items()}
+                for m in strip_images_from_messages(value)]
+    return json.dumps(value, default=str)
+
+
+def _first_rows_per_prompt(prompts: list) -> list[int]:
+    """Indices of the first row of each distinct prompt (TRL's ``log_unique_prompts``, compared as text)."""
+    seen: set[str] = set()
+    keep = []
+    for i, prompt in enumerate(prompts):
+        text = str(prompt)
+        if text not in seen:
+            seen.add(text)
+            keep.append(i)
+    return keep
+
+
+def _caller_frame():
+    """The first frame outside this module: the user's code that built or called the trainer."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == _THIS_FILE:
+        frame = frame.f_back
+    return frame
+
+
+def _warnings_at(frame, call, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` with the warnings that would point at this module (the mixin's ``__init__`` is
+    one frame more between the user and TRL's ``stacklevel``) pointing at ``frame`` instead, under the
+    user's filters and once-per-location registry, as without the mixin."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", module=re.escape(__name__) + r"\Z")  # ours to re-issue, every time
+        show = warnings.showwarning
+
+        def reissue(message, category, filename, lineno, file=None, line=None):
+            if filename != _THIS_FILE:
+                return show(message, category, filename, lineno, file, line)
+            module_globals = frame.f_globals
+            warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno, module=module_globals.get("__name__"),
+                                   registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
+
+        warnings.showwarning = reissue
+        return call(*args, **kwargs)
+
+
+def _route_profiling_through_rllog() -> None:
+    """Make ``trl.extras.profiling`` log its timings through rllog too (once per process): TRL writes them only
+    to wandb/mlflow/trackio directly, and only for names left in ``args.report_to``, which rllog serves."""
+    try:
+        from trl.extras.profiling import ProfilingContext
+    except ImportError:
+        return
+    original = getattr(ProfilingContext, "_log_metrics", None)
+    if original is None or getattr(original, "_rllog", False):
+        return
+
+    @functools.wraps(original)
+    def _log_metrics(self, duration: float) -> None:
+        original(self, duration)
+        callback = _profiling_callback.get()
+        run = callback.run if callback is not None else None
+        if run is None or not self.is_main_process:
+            return
+        try:
+            run.log({f"{self.metric_prefix}: {self.name}": duration})  # at the step being trained
+        except RunFinished:
+            pass  # the user finished the run and trains on: there is nowhere to log
+
+    _log_metrics._rllog = True  # type: ignore[attr-defined]
+    ProfilingContext._log_metrics = _log_metrics
+
+
 class RLLogMixin:
     """Put first in the bases of a TRL trainer: ``class T(RLLogMixin, GRPOTrainer)``.
 
     Keyword args (besides the trainer's own):
         rllog_report_to: rllog backends, overriding the ones taken from ``args.report_to``.
-        rllog_options: passed to :func:`rllog.init` (``project``, ``name``, ``run_dir``, ``backend_options``...).
+        rllog_options: passed to :func:`rllog.init` (``project``, ``name``, ``run_dir``, ``backend_options``...);
+            they win over ``args.project`` and ``args.run_name``.
+        rllog_train_prefix: put before training metric names (default ``"train/"``, as transformers'
+            callbacks do); ``""`` logs them bare.
     """
 
-    def __init__(self, *args: Any, rllog_report_to: Any = None, rllog_options: dict | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, rllog_report_to: Any = None, rllog_options: dict | None = None,
+                 rllog_train_prefix: str = TRAIN_PREFIX, **kwargs: Any):
         from transformers.integrations import INTEGRATION_TO_CALLBACK
 
         # transformers refuses names it does not know (parquet, console): take them out before it looks.
         training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
+        users_report_to = list(getattr(training_args, "report_to", None) or [])
         ours, theirs = split_report_to(getattr(training_args, "report_to", None))
         if training_args is not None:
             training_args.report_to = [n for n in training_args.report_to if n in INTEGRATION_TO_CALLBACK]
-        super().__init__(*args, **kwargs)
+        _warnings_at(_caller_frame(), super().__init__, *args, **kwargs)
+        if training_args is None:
+            users_report_to = list(self.args.report_to or [])
+            ours, theirs = split_report_to(self.args.report_to)
         for name in ours:
             if name in INTEGRATION_TO_CALLBACK:
                 self.remove_callback(INTEGRATION_TO_CALLBACK[name])
         selected = rllog_report_to if rllog_report_to is not None else (ours or None)
-        options = {"project": "trl", "name": self.args.run_name} | (rllog_options or {})
-        self.rllog_callback = RLLogCallback(report_to=selected, **options)
+        self.rllog_callback = RLLogCallback(report_to=selected, train_prefix=rllog_train_prefix, args_report_to=users_report_to,
+                                            **(rllog_options or {}))
         self.add_callback(self.rllog_callback)
         # TRL's completions table and profiling read args.report_to; rllog serves those names now.
         self.args.report_to = theirs
-        if self.accelerator.is_main_process:
-            self.rllog_callback.start(self.args, self.model)
+        _route_profiling_through_rllog()
 
     @property
     def rllog_run(self):
-        """The rllog run (None on processes other than the main one)."""
+        """The rllog run (None before ``train()``/``evaluate()`` and on processes other than the main one)."""
         return self.rllog_callback.run
+
+    def train(self, *args: Any, **kwargs: Any):
+        token = _profiling_callback.set(self.rllog_callback)
+        try:
+            return super().train(*args, **kwargs)
+        except KeyboardInterrupt:
+            self.rllog_callback._set_outcome("killed")
+            raise
+        except Exception:
+            self.rllog_callback._set_outcome("failed")
+            raise
+        finally:
+            _profiling_callback.reset(token)
+
+    def evaluate(self, *args: Any, **kwargs: Any):
+        if self.accelerator.is_main_process:
+            self.rllog_callback.start(self.args, self.model, self.state)  # reward functions may rllog.log() during it
+        token = _profiling_callback.set(self.rllog_callback)
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            _profiling_callback.reset(token)
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         table = self._rllog_completions() if self.accelerator.is_main_process else None
         super().log(logs, start_time)
         if table is not None and self.rllog_run is not None:
-            self.rllog_run.log_table("completions", table, step=self.state.global_step)
+            self.rllog_run.log_table(*table, step=self.state.global_step)
 
-    def _rllog_completions(self) -> dict | None:
+    def _rllog_completions(self) -> tuple[str, dict] | None:
+        """(table name, columns) of the generations since the last log, or None."""
         if not getattr(self, "log_completions", False) or not hasattr(self, "_logs") or not self._logs["prompt"]:
             return None
         mode = "train" if self.model.training else "eval"
         if not any(self._metrics[mode].values()):  # no new generations since the last log (e.g. the final summary)
             return None
         logs = self._logs
-        table = {"prompt": [_text(p) for p in logs["prompt"]], "completion": [_text(c) for c in logs["completion"]]}
+        n = len(logs["prompt"])
+        table = {"step": [self.state.global_step] * n, "prompt": [_messages(p) for p in logs["prompt"]],
+                 "completion": [_messages(c) for c in logs["completion"]]}
         table.update({name: list(values) for name, values in logs["rewards"].items()})
         table.update({name: list(values) for name, values in logs.get("extra", {}).items()})
         table["advantage"] = list(logs["advantages"])
-        n = len(table["prompt"])
         # a log_extra column first seen in a later batch is shorter: its earlier rows are empty
-        return {k: ([None] * (n - len(v)) + v)[-n:] for k, v in table.items()}
+        table = {k: ([None] * (n - len(v)) + v)[-n:] for k, v in table.items()}
+        if getattr(self, "log_unique_prompts", False):
+            keep = _first_rows_per_prompt(table["prompt"])
+            table = {k: [v[i] for i in keep] for k, v in table.items()}
+        return (TRAIN_TABLE if mode == "train" else EVAL_TABLE), table
 
 
 class RLLogCompletionsCallback:
@@ -101,7 +238,8 @@ class RLLogCompletionsCallback:
 
     What TRL's ``LogCompletionsCallback`` does for wandb and Comet only, for every selected tracker, and
     for any Hugging Face trainer (SFT, DPO, GRPO...) whose eval dataset has a ``"prompt"`` column.
-    Each call logs that step's rows (``prompt``, ``completion``) as table ``name`` at the step.
+    Each call logs that step's rows (``step``, ``prompt``, ``completion``) as table ``name`` at the step.
+    The tokenizer is left as it was found (generation pads on the left only while it generates).
 
     Args:
         trainer: the trainer it is attached to.
@@ -144,20 +282,28 @@ class RLLogCompletionsCallback:
         if state.global_step == self._last_logged_step or state.global_step % freq != 0:
             return
         self._last_logged_step = state.global_step
+        tokenizer = kwargs.get("processing_class") or self.trainer.processing_class
+        prompts, completions = self._generate(args, tokenizer)
+        run = self._run()
+        if self.trainer.accelerator.is_main_process and run is not None:
+            table = {"step": [state.global_step] * len(prompts), "prompt": [_text(p) for p in prompts],
+                     "completion": [_text(c) for c in completions]}
+            run.log_table(self.name, table, step=state.global_step)
+
+    def _generate(self, args: Any, tokenizer: Any) -> tuple[list, list]:
         from accelerate.utils import gather_object
         from trl.data_utils import maybe_apply_chat_template
         from trl.trainer.callbacks import _generate_completions
 
-        tokenizer = kwargs.get("processing_class") or self.trainer.processing_class
-        tokenizer.padding_side = "left"
         accelerator = self.trainer.accelerator
-        with accelerator.split_between_processes(self.eval_dataset["prompt"]) as prompts:
-            prompts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in prompts]
-            completions = _generate_completions(prompts, model=self.trainer.model_wrapped, tokenizer=tokenizer, accelerator=accelerator,
-                                                generation_config=self.generation_config, batch_size=args.per_device_eval_batch_size,
-                                                gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
-            completions = gather_object(completions)
-            prompts = gather_object(prompts)
-        run = self._run()
-        if accelerator.is_main_process and run is not None:
-            run.log_table(self.name, {"prompt": [_text(p) for p in prompts], "completion": [_text(c) for c in completions]}, step=state.global_step)
+        padding_side = tokenizer.padding_side  # the data collator pads with it too: put it back after
+        tokenizer.padding_side = "left"
+        try:
+            with accelerator.split_between_processes(self.eval_dataset["prompt"]) as prompts:
+                prompts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in prompts]
+                completions = _generate_completions(prompts, model=self.trainer.model_wrapped, tokenizer=tokenizer, accelerator=accelerator,
+                                                    generation_config=self.generation_config, batch_size=args.per_device_eval_batch_size,
+                                                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+                return gather_object(prompts), gather_object(completions)
+        finally:
+            tokenizer.padding_side = padding_side

@@ -1,0 +1,268 @@
+"""One directory of the parquet backend's store: a tail in Arrow IPC, merged in tiers into Parquet parts.
+
+A long run flushes thousands of times; a Parquet file per flush would leave thousands of files to list
+and open, and compacting them all at close would read the whole run into memory. So a directory holds::
+
+    _tail-<first_seq>.arrows                          what the latest flushes appended (Arrow IPC stream)
+    part-<first_seq>-<last_seq>-L<level>.parquet       Parquet parts covering [first_seq, last_seq]
+
+- ``append`` + ``flush`` add record batches to the tail and hand them to the OS: durable against a killed
+  process from then on (the delivery layer moves the sink's cursor after ``flush``) and readable at once by
+  :meth:`PartStore.read`. The leading ``_`` keeps the tail out of pandas/pyarrow dataset discovery and
+  ``*.parquet`` globs, which see the parts only.
+- When the tail holds :data:`TAIL_ROWS` rows, or is older than :data:`TAIL_SECONDS`, it becomes a level-0
+  part (one Parquet write for many flushes). When :data:`FAN_IN` parts share a level, the oldest are merged,
+  streaming row group by row group, into one part of the next level. A directory therefore holds at most
+  ``(FAN_IN - 1)`` parts per level plus its tail, and each row is rewritten about ``log_FAN_IN(parts)`` times.
+- Crash safety: every new file is written under a temporary name and renamed; the files it replaces are
+  removed after. A reader (and the next :meth:`PartStore.open`) ignores a file whose seq range another file
+  covers, so a kill between the rename and the removal neither loses nor duplicates a row; a torn batch at
+  the end of a tail is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+TAIL_ROWS = 262_144
+TAIL_SECONDS = 300.0
+FAN_IN = 4
+BATCH_ROWS = 131_072
+_PART = re.compile(r"^part-(\d{12})-(\d{12})-L(\d+)\.parquet$")
+_TAIL = re.compile(r"^_tail-(\d{12})\.arrows$")
+
+
+@dataclass(frozen=True)
+class _File:
+    path: Path
+    first: int
+    last: int  # for a tail: unknown until read (-1)
+    level: int  # -1 for a tail
+
+    @property
+    def is_tail(self) -> bool:
+        return self.level < 0
+
+
+def _listing(directory: Path) -> list[_File]:
+    files = []
+    for path in directory.iterdir() if directory.is_dir() else []:
+        if m := _PART.match(path.name):
+            files.append(_File(path, int(m[1]), int(m[2]), int(m[3])))
+        elif m := _TAIL.match(path.name):
+            files.append(_File(path, int(m[1]), -1, -1))
+    return files
+
+
+def _live(files: list[_File]) -> list[_File]:
+    """The files a reader uses, in seq order: a part inside another part's range is the input of a merge whose
+    output exists; a tail whose first seq a part covers was converted already."""
+    parts = [f for f in files if not f.is_tail]
+    live = []
+    for f in files:
+        if f.is_tail:
+            covered = any(p.first <= f.first <= p.last for p in parts)
+        else:
+            covered = any(p is not f and p.first <= f.first and f.last <= p.last and (p.last - p.first) > (f.last - f.first) for p in parts)
+        if not covered:
+            live.append(f)
+    return sorted(live, key=lambda f: f.first)
+
+
+def read_tail(path: Path) -> pa.Table | None:
+    """The complete record batches of a tail file (a torn last batch, a writer killed mid-write, is left out)."""
+    try:
+        source = pa.memory_map(str(path))
+    except (FileNotFoundError, OSError):
+        return None
+    try:
+        reader = pa.ipc.open_stream(source)
+    except (pa.ArrowInvalid, OSError):
+        return None  # not even a complete schema message
+    batches = []
+    while True:
+        try:
+            batches.append(reader.read_next_batch())
+        except StopIteration:
+            break
+        except (pa.ArrowInvalid, OSError):
+            break
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns, in its order: missing columns as nulls, types cast (a promotion)."""
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_batches([table])
+    if table.schema.equals(schema):
+        return table
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            column = table.column(field.name)
+            columns.append(column if column.type.equals(field.type) else column.cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _write_atomic(path: Path, schema: pa.Schema, tables) -> None:
+    """Stream ``tables`` (an iterable) into a Parquet file at ``path``, written under a temporary name first."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for table in tables:
+                if table.num_rows:
+                    writer.write_table(conform(table, schema), row_group_size=BATCH_ROWS * 8)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class PartStore:
+    """The files of one directory (metrics, alerts, or one table), written by one sink at a time.
+
+    Args:
+        directory: the directory.
+        seq_column: the column that holds each row's record seq (``seq`` or ``_seq``).
+    """
+
+    def __init__(self, directory: Path, seq_column: str):
+        self.directory = directory
+        self.seq_column = seq_column
+        self.written_seq = 0  # the highest seq on disk: a re-sent record at or below it is not stored again
+        self.schema: pa.Schema | None = None  # what the directory's rows unify to
+        self._tail: pa.ipc.RecordBatchStreamWriter | None = None
+        self._tail_file: pa.OSFile | None = None
+        self._tail_path: Path | None = None
+        self._tail_schema: pa.Schema | None = None
+        self._tail_rows = 0
+        self._tail_since = 0.0
+        self._tail_last = 0
+        self._opened = False
+
+    # -- writing ---------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Take over the directory: tails left by a killed writer become parts, files a merge replaced are removed."""
+        if self._opened:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        files = _listing(self.directory)
+        live = set(_live(files))
+        for f in files:
+            if f not in live:
+                f.path.unlink(missing_ok=True)
+        for f in sorted(live, key=lambda f: f.first):
+            if f.is_tail:
+                self._convert_tail(f.path, f.first)
+        for f in _listing(self.directory):
+            self.written_seq = max(self.written_seq, f.last)
+            if not f.is_tail:
+                part_schema = pq.read_schema(f.path)
+                self.schema = part_schema if self.schema is None else pa.unify_schemas([self.schema, part_schema], promote_options="permissive")
+        self._opened = True
+
+    def append(self, table: pa.Table) -> None:
+        """Append rows (in seq order, all above ``written_seq``) to the tail; durable after :meth:`flush`."""
+        if not table.num_rows:
+            return
+        self.open()
+        schema = table.schema if self.schema is None else pa.unify_schemas([self.schema, table.schema], promote_options="permissive")
+        if self._tail is not None and not schema.equals(self._tail_schema):
+            self.roll()  # a stream has one schema: a new column or a promoted type starts a new tail
+        self.schema = schema
+        if self._tail is None:
+            first = pc.min(table.column(self.seq_column)).as_py()
+            self._tail_path = self.directory / f"_tail-{first:012d}.arrows"
+            self._tail_file = pa.OSFile(str(self._tail_path), "wb")
+            self._tail = pa.ipc.new_stream(self._tail_file, schema)
+            self._tail_schema, self._tail_rows, self._tail_since = schema, 0, time.monotonic()
+        for batch in conform(table, schema).to_batches(max_chunksize=BATCH_ROWS):
+            self._tail.write_batch(batch)
+        self._tail_rows += table.num_rows
+        self._tail_last = pc.max(table.column(self.seq_column)).as_py()
+
+    def flush(self) -> None:
+        """Hand what was appended to the OS; then turn a full or old tail into a part and merge full levels."""
+        if self._tail_file is not None:
+            self._tail_file.flush()
+            self.written_seq = max(self.written_seq, self._tail_last)
+            if self._tail_rows >= TAIL_ROWS or time.monotonic() - self._tail_since >= TAIL_SECONDS:
+                self.roll()
+
+    def roll(self) -> None:
+        """Close the tail and turn it into a level-0 part (then merge levels that are full)."""
+        if self._tail is None:
+            return
+        assert self._tail_path is not None and self._tail_file is not None
+        self._tail.close()  # the end-of-stream marker
+        self._tail_file.close()
+        path, first = self._tail_path, int(_TAIL.match(self._tail_path.name)[1])  # type: ignore[index]
+        self._tail = self._tail_file = self._tail_path = None
+        self.written_seq = max(self.written_seq, self._tail_last)
+        self._convert_tail(path, first)
+        self._merge_full_levels()
+
+    def close(self) -> None:
+        """Everything to Parquet parts (readable by any Parquet reader), levels merged as they fill."""
+        self.roll()
+
+    def _convert_tail(self, path: Path, first: int) -> None:
+        table = read_tail(path)
+        if table is not None and table.num_rows:
+            last = pc.max(table.column(self.seq_column)).as_py()
+            _write_atomic(self.directory / f"part-{first:012d}-{last:012d}-L0.parquet", table.schema, [table])
+        path.unlink(missing_ok=True)
+
+    def _merge_full_levels(self) -> None:
+        """While a level holds FAN_IN parts, merge its oldest FAN_IN (adjacent in seq) into one part a level up."""
+        level = 0
+        while True:
+            live = _live(_listing(self.directory))
+            parts = [f for f in live if f.level == level]
+            if len(parts) >= FAN_IN:
+                inputs = parts[:FAN_IN]
+                schema = pa.unify_schemas([pq.read_schema(f.path) for f in inputs], promote_options="permissive")
+                target = self.directory / f"part-{inputs[0].first:012d}-{inputs[-1].last:012d}-L{level + 1}.parquet"
+                _write_atomic(target, schema, (batch for f in inputs for batch in _batches(f.path)))
+                for f in inputs:  # a kill before these removals leaves inputs that readers ignore (covered)
+                    f.path.unlink(missing_ok=True)
+                continue
+            if not any(f.level > level for f in live):
+                return
+            level += 1
+
+    # -- reading ---------------------------------------------------------------------------------
+    @staticmethod
+    def read(directory: Path) -> pa.Table | None:
+        """Every row of the directory, in seq order, schemas unified (a later column is null in earlier rows)."""
+        tables = []
+        for f in _live(_listing(directory)):
+            try:
+                table = read_tail(f.path) if f.is_tail else pq.read_table(f.path)
+            except FileNotFoundError:  # replaced by a merge since the listing: read again
+                return PartStore.read(directory)
+            if table is not None and table.num_rows:
+                tables.append(table)
+        if not tables:
+            return None
+        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+    @staticmethod
+    def files(directory: Path) -> list[Path]:
+        return [f.path for f in _listing(directory)]
+
+
+def _batches(path: Path):
+    parquet = pq.ParquetFile(path)
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+        yield pa.Table.from_batches([batch])
