@@ -193,7 +193,7 @@ def run(quick: bool, tmp: Path) -> dict:
     # tables
     results["tables"] = []
     for rows in [64, 1000, 10000]:
-        # more tables than ParquetSink's compact_above (16): a long run, whose parts are compacted at close
+        # many tables: a flush per table (each appended to the store's tail), the tails turned into parts at close
         count = {64: 40, 1000: 20, 10000: 20}[rows] if not quick else {64: 20, 1000: 20, 10000: 8}[rows]
         for kind in ["tables_compare", "tables_rllog"]:
             progress(f"scaling: tables of {rows} rows x {count}, {kind}")

@@ -292,6 +292,63 @@ def _last_line(path: Path) -> str:
         return ""
 
 
+PRIORITY_ENV = "RLLOG_AGENT_PRIORITY"  # "idle" (default): SCHED_IDLE, raised while behind; "nice": nice 10 throughout
+LAG_MAX_SECONDS = float(os.environ.get("RLLOG_AGENT_LAG_MAX", "30"))  # behind by more: compete for the CPU again (nice 10) until caught up
+CAUGHT_UP_SECONDS = 2.0
+
+
+class PriorityGovernor:
+    """Keeps the agent at idle CPU priority (``SCHED_IDLE``: it runs only on cycles training leaves), and at
+    normal priority (nice 10) while a sink is more than :data:`LAG_MAX_SECONDS` behind, so delivery lag stays bounded
+    even when training keeps every core busy.
+
+    Linux sets the policy per thread: every thread of the agent (the trackers' too) is switched, except the
+    governor's own, which stays at normal priority so that it can always decide.
+    """
+
+    def __init__(self, followers: list, mode: str):
+        self.followers, self.mode = followers, mode
+        self.idle = False
+        self._own_tid = 0
+
+    def start(self) -> "PriorityGovernor":
+        if self.mode != "idle" or not hasattr(os, "SCHED_IDLE"):
+            return self
+        threading.Thread(target=self._run, name="rllog-priority", daemon=True).start()
+        return self
+
+    def _set(self, idle: bool) -> None:
+        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
+        try:
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            return
+        for tid in tids:
+            if tid != self._own_tid:
+                try:
+                    os.sched_setscheduler(tid, policy, os.sched_param(0))
+                except OSError:
+                    pass
+        self.idle = idle
+
+    def _run(self) -> None:
+        self._own_tid = threading.get_native_id()
+        self._set(True)
+        while True:
+            time.sleep(1.0)
+            running = [f for f in self.followers if f.thread is not None and f.thread.is_alive()]
+            if not running:
+                return
+            lag = time.monotonic() - min(f.caught_up_at for f in running)
+            if self.idle and lag > LAG_MAX_SECONDS:
+                log.info("rllog: delivery is %.0fs behind; back to normal priority until caught up", lag)
+                self._set(False)
+            elif not self.idle and lag < CAUGHT_UP_SECONDS:
+                self._set(True)
+            else:
+                self._set(self.idle)  # threads the trackers started since get the current policy
+
+
 def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | None = None, orphan_timeout: float = 600.0,
           on_progress: Callable[[str, int], None] | None = None, options: dict[str, dict[str, Any]] | None = None) -> int:
     """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed.
@@ -335,6 +392,8 @@ def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | 
                 started.stop()
                 started.join(5)
             raise
+    if follow:
+        PriorityGovernor(followers, os.environ.get(PRIORITY_ENV, "idle")).start()
     orphaned_at = None
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:

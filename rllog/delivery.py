@@ -221,6 +221,7 @@ class Follower:
         self.status: str | None = self.saved.status
         self.thread: threading.Thread | None = None
         self._dirty = False  # written since the last flush
+        self.caught_up_at = time.monotonic()  # when a read last found nothing new (the delivery lag is measured from it)
         self._outstanding: collections.deque[int] = collections.deque()  # read, not yet durable, in read order
         self._durable: set[int] = set()  # outstanding seqs that are durable (or dead-lettered)
         self._in_flight: set[int] = set()  # accepted by a sink that buffers, waiting for its flush
@@ -285,6 +286,7 @@ class Follower:
                     self._close(self.status or "killed")  # no end marker: the trainer died
                     return
                 if not batch:
+                    self.caught_up_at = time.monotonic()
                     self._stop.wait(self.poll_interval)
         except BaseException as exc:  # never let a bug kill the thread silently
             self._fail(exc)

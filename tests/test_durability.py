@@ -367,3 +367,27 @@ def test_replay_while_another_replay_runs_is_a_clear_message(tmp_path, capsys):
     assert code == 75 and "already delivering" in (captured.out + captured.err) and "Traceback" not in captured.err
     shutil.rmtree(run_dir / "delivery")
     assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
+
+
+def _policies(pid: int) -> set[int]:
+    policies = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            policies.add(os.sched_getscheduler(int(tid)))
+        except OSError:
+            pass
+    return policies
+
+
+@pytest.mark.slow
+def test_agent_runs_at_idle_priority_and_competes_again_when_behind(tmp_path, test_backends, monkeypatch):
+    monkeypatch.setenv("RLLOG_AGENT_LAG_MAX", "1")
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "a", health=False)
+    run.log({"x": 1.0})
+    assert wait_until(lambda: os.SCHED_IDLE in _policies(run._agent.pid), timeout=30)
+    assert wait_until(lambda: _policies(run._agent.pid) == {os.SCHED_IDLE, os.SCHED_OTHER})  # the governor's own thread stays normal
+    assert run.finish().ok
+    behind = rllog.init(report_to="hangs", run_dir=tmp_path / "b", health=False)  # a sink that never catches up
+    behind.log({"x": 1.0})
+    assert wait_until(lambda: _policies(behind._agent.pid) == {os.SCHED_OTHER}, timeout=30)  # lag > 1 s: normal priority
+    behind.finish(timeout=1)

@@ -167,11 +167,13 @@ ALL_TRACKERS = ["parquet", "wandb", "trackio", "tensorboard", "mlflow", "comet_m
 
 
 def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dirs):
+    import json
+
     from readers import read_back
 
     run_dir = tmp_path / "run"
     trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=ALL_TRACKERS,
-                                rllog_options={"run_dir": str(run_dir), "project": "e2e", "health": False})
+                                rllog_options={"run_dir": str(run_dir), "project": "e2e", "health": False}, conversational=True)
     trainer.train()
     assert sorted(trainer.rllog_run.sink_names) == sorted(ALL_TRACKERS)
     report = trainer.rllog_run.finish(timeout=180)
@@ -183,11 +185,17 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
         assert [s for s, _ in sorted(got.metrics["train/digits/fraction"])] == [1, 2], backend  # reward fn's log_metric
         assert [v for _, v in sorted(got.metrics["train/reward"])] == pytest.approx([h["reward"] for h in history], rel=1e-6), backend
         assert any(k.startswith(PROFILED) for k in got.metrics), backend
+        assert "'comet_ml'" in str(got.config["report_to"]), backend  # the user's report_to, not what TRL is left with
+        assert float(got.config["model/num_parameters"]) == trainer.model.num_parameters(), backend
         steps = [s for s, _ in got.tables["completions"]]
         assert steps == [1, 2], backend
         rows = got.tables["completions"][-1][1]
-        assert len(rows) == 4 and {"prompt", "completion", "reward_has_digit", "n_chars", "advantage"} <= set(rows[0]), backend
-        assert [str(r["n_chars"]) for r in rows] == [str(len(r["completion"])) for r in rows] or backend == "tensorboard", backend
+        assert len(rows) == 4 and {"step", "prompt", "completion", "reward_has_digit", "n_chars", "advantage"} <= set(rows[0]), backend
+        for row in rows:  # conversations arrive as messages (TensorBoard's Markdown table shows them as JSON)
+            prompt, completion = ((json.loads(row["prompt"]), json.loads(row["completion"])) if backend == "tensorboard"
+                                  else (row["prompt"], row["completion"]))
+            assert prompt[0]["role"] == "user" and prompt[0]["content"] in PROMPTS, backend
+            assert str(row["n_chars"]) == str(len(completion[0]["content"])) and str(row["step"]) == "2", backend
 
 
 TORCHRUN_GRPO = r'''
@@ -255,3 +263,34 @@ def test_rloo_with_mixin(tiny_model, tmp_path):
     assert [s for s, _ in series["train/digits/fraction"]] == [1, 2]
     table = rllog.read_table(tmp_path / "run", "completions")
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2] and "n_chars" in table.column_names
+
+
+def test_every_tracker_holds_every_step_when_train_and_evaluate_return(tiny_model, tmp_path, tracker_dirs, monkeypatch):
+    """The flush barrier, read from the trackers' own files before the run is finished; and where they are."""
+    from readers.tensorboard import read_back
+
+    from tiny_grpo import grpo_dataset
+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")  # where transformers' users look: <output_dir>/runs/<time>_<host>
+    out = tmp_path / "out"
+    trainer = make_grpo_trainer(tiny_model, str(out), steps=3, report_to=["tensorboard", "parquet"], project="my-project",
+                                run_name="flush-check")
+    trainer.train()
+    run = trainer.rllog_run
+    assert (run.info.project, run.info.name) == ("my-project", "flush-check")  # TrainingArguments.project and run_name
+    assert run.run_dir.name.endswith(f"-flush-check-{run.run_id}")
+    (logdir,) = (out / "runs").iterdir()
+    assert str(logdir) == trainer.rllog_callback.tensorboard_logdir
+    tensorboard = read_back(tracker_dirs, run.info, logdir=str(logdir))
+    assert [s for s, _ in tensorboard.metrics["train/reward"]] == [1, 2, 3]
+    assert [s for s, _ in tensorboard.tables["completions"]] == [1, 2, 3]
+    assert [s for s, _ in metric_series(run.run_dir)["train/reward"]] == [1, 2, 3]
+    assert sorted(set(rllog.read_table(run.run_dir, "completions").column("_step").to_pylist())) == [1, 2, 3]
+
+    metrics = trainer.evaluate(eval_dataset=grpo_dataset().select(range(2)))
+    tensorboard = read_back(tracker_dirs, run.info, logdir=str(logdir))
+    assert tensorboard.metrics["eval/reward"] == [(3, pytest.approx(metrics["eval_reward"], rel=1e-6))]
+    assert [s for s, _ in tensorboard.tables["eval/completions"]] == [3]
+    assert metric_series(run.run_dir)["eval/reward"] == [(3, metrics["eval_reward"])]
+    assert not run.finished
+    assert run.finish().ok

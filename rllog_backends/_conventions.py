@@ -1,0 +1,101 @@
+"""What the tracker backends share: which of a run's values are rllog's defaults, the trackers' own
+environment variables, and the tracker run a backend chose for an rllog run.
+
+Each backend settles every setting the same way, first match wins:
+
+1. an explicit value: the backend's option (``backend_options``), or ``rllog.init``'s ``project`` /
+   ``name`` when they are not rllog's defaults (:func:`explicit_project`, :func:`explicit_name`);
+2. the tracker's own environment variable (``WANDB_PROJECT``, ``MLFLOW_RUN_ID``, ...), as
+   transformers' callbacks and the trackers themselves read them;
+3. what an earlier session of the same rllog run chose (:class:`Remembered`): a resume, or
+   ``rllog replay`` from a shell without the variables, continues the same tracker run;
+4. rllog's default (the rllog project, name and a tracker id derived from the run id).
+
+``rllog.init`` gives every run a project (default ``"rllog"``) and a name (default ``"run-<run id>"``);
+a sink cannot tell a default from a user who chose those very values, so those two values count as
+defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rllog.records import RunInfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PROJECT = "rllog"  # rllog.init's default project
+REMEMBERED_DIR = "trackers"  # below RUN_DIR: <tracker>.json, the tracker run chosen for this rllog run
+
+
+def explicit_project(run_info: RunInfo) -> str | None:
+    """``run_info.project`` when the user chose it (anything but rllog's default ``"rllog"``), else None."""
+    return run_info.project if run_info.project and run_info.project != DEFAULT_PROJECT else None
+
+
+def explicit_name(run_info: RunInfo) -> str | None:
+    """``run_info.name`` when the user chose it (anything but rllog's default ``"run-<run id>"``), else None."""
+    return run_info.name if run_info.name and run_info.name != f"run-{run_info.run_id}" else None
+
+
+def env(name: str) -> str | None:
+    """The environment variable ``name``, or None when it is unset or blank."""
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+def first(*values: Any) -> Any:
+    """The first value that is not None or empty (None if there is none)."""
+    return next((v for v in values if v not in (None, "")), None)
+
+
+class Remembered:
+    """The tracker run a backend chose for an rllog run, kept in ``RUN_DIR/trackers/<tracker>.json``.
+
+    Best effort: a file that cannot be read or written is ignored with a warning (the backend then
+    decides as on a first session). The file names the rllog run id it belongs to, so a run directory
+    reused by another run does not inherit it.
+
+    Example:
+        >>> remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)   # doctest: +SKIP
+        >>> run_id = first(option, env("WANDB_RUN_ID"), remembered.get("id"), derived)   # doctest: +SKIP
+        >>> remembered.save(id=run_id)   # doctest: +SKIP
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, tracker: str, run_id: str):
+        self.path = Path(run_dir) / REMEMBERED_DIR / f"{tracker}.json"
+        self.run_id = run_id
+        self.values = self._load()
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def save(self, **values: Any) -> None:
+        """Remember ``values`` (merged into what is already there); written only when something changed."""
+        merged = {**self.values, **{k: v for k, v in values.items() if v is not None}}
+        if merged == self.values and self.path.is_file():
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"run_id": self.run_id, **merged}, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+            self.values = merged
+        except OSError as exc:
+            log.warning("rllog: cannot write %s (a later session decides its tracker run again): %s", self.path, exc)
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("rllog: ignoring unreadable %s: %s", self.path, exc)
+            return {}
+        if not isinstance(data, dict) or data.pop("run_id", None) != self.run_id:
+            return {}
+        return data
