@@ -1,8 +1,11 @@
 """The Comet backend (``report_to="comet_ml"``, alias ``"comet"``): one Comet experiment per rllog run.
 
 The experiment is started with ``comet_ml.start(mode="get_or_create")`` and an experiment key derived
-from the run (project, name, run id), so a later delivery of the same run (``rllog replay`` after a
-crash) continues the same Comet experiment. Online or offline follows Comet's own settings
+from the run (project, name, run id) unless ``COMET_EXPERIMENT_KEY`` names one, so a later delivery of
+the same run (a resumed run, ``rllog replay`` after a crash) continues the same Comet experiment; the
+key, project and workspace of the first session are remembered in ``RUN_DIR/trackers/comet_ml.json``.
+The project is the ``project`` option, else ``rllog.init``'s project when given, else
+``COMET_PROJECT_NAME``, else ``"rllog"``; the workspace the option, else ``COMET_WORKSPACE``. Online or offline follows Comet's own settings
 (``COMET_START_ONLINE=false`` or the ``online`` option: offline archives go to
 ``COMET_OFFLINE_DIRECTORY``, one ``<key>-<suffix>.zip`` per delivery session, to upload later with
 ``comet upload``).
@@ -12,11 +15,12 @@ What goes where:
 - metrics: ``experiment.log_metrics(values, step=record.step)``, one call per record, in order; a step
   lower than an earlier one is recorded as is (Comet keeps every point). NaN/inf are passed through;
   Comet writes them as the JSON strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
-- tables: a CSV asset ``<name>_step_<step:06d>.csv`` (what ``log_table`` makes of rows), logged with
-  ``log_asset_data(..., step=record.step)`` and metadata ``{"rllog_table": name, "rllog_columns":
+- tables: a CSV asset ``<name>_step_<step:06d>.csv`` (what ``log_table`` makes of rows; one per table
+  name and step, see :func:`table_file_name`), logged with ``log_asset_data(..., step=record.step)`` and metadata ``{"rllog_table": name, "rllog_columns":
   [[column, kind], ...]}`` so the rows can be read back with their types.
-- config: ``log_parameters`` (already flattened by rllog); names over 100 characters and string
-  values over 1000 characters are shortened (Comet's limits).
+- config: ``log_parameters`` (already flattened by rllog), at open and for every ``Run.update_config``
+  (Comet keeps a parameter's latest value); names over 100 characters and string values over 1000
+  characters are shortened (Comet's limits).
 - run id / status: ``log_other("rllog_run_id", ...)`` at open, ``log_other("rllog_status", ...)``
   at close, then ``experiment.end()``.
 
@@ -53,9 +57,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors, retry_error
+from rllog_backends._conventions import Remembered, env, explicit_project, first
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +102,26 @@ def comet_param_value(value: Any) -> Any:
     return text
 
 
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9._/-]*$")
+
+
 def table_file_name(name: str, step: int) -> str:
-    """The asset name of a table: ``<name>_step_<step:06d>.csv``, ``/`` and other characters outside
-    ``[A-Za-z0-9._-]`` replaced by ``_``."""
-    return f"{re.sub(r'[^A-Za-z0-9._-]', '_', name) or '_'}_step_{step:06d}.csv"
+    """The asset name of a table at a step: ``<name>_step_<step:06d>.csv``, unique per table name and step.
+
+    ``/`` becomes ``__`` (``eval/completions`` -> ``eval__completions_step_000003.csv``). A name that
+    would not map back unambiguously (other characters, or a ``__`` of its own) has them replaced by
+    ``_`` and ends with ``-`` and 8 hex characters of its hash, so two table names never share an asset.
+
+    Example:
+        >>> table_file_name("completions", 3), table_file_name("eval/completions", 3)
+        ('completions_step_000003.csv', 'eval__completions_step_000003.csv')
+    """
+    if name and _SAFE_NAME.match(name) and "__" not in name:
+        base = name.replace("/", "__")
+    else:
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", name.replace("/", "__")) or "_"
+        base = f"{safe}-{hashlib.sha1(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    return f"{base}_step_{step:06d}.csv"
 
 
 # -- table cells -----------------------------------------------------------------------------------
@@ -260,13 +281,14 @@ class CometSink:
     """Delivers an rllog run to a Comet experiment (online, or offline as a zip archive).
 
     Args:
-        project: Comet project name. Default: ``COMET_PROJECT_NAME``, else the rllog project.
-        workspace: Comet workspace. Default: Comet's own setting (``COMET_WORKSPACE``).
+        project: Comet project name. Default: ``rllog.init``'s project when given, else
+            ``COMET_PROJECT_NAME``, else ``"rllog"``.
+        workspace: Comet workspace. Default: ``COMET_WORKSPACE``, else Comet's own setting.
         online: True/False to force; default None follows Comet (``COMET_START_ONLINE``, default online).
         offline_directory: where offline archives go. Default: ``COMET_OFFLINE_DIRECTORY``, else
             Comet's default (``./.cometml-runs``).
-        experiment_key: the Comet experiment key (32-50 letters/digits). Default: derived from the
-            run, the same each time the run is delivered (see :func:`experiment_key`).
+        experiment_key: the Comet experiment key (32-50 letters/digits). Default: ``COMET_EXPERIMENT_KEY``,
+            else derived from the run, the same each time the run is delivered (see :func:`experiment_key`).
         log_env_details: let Comet record host/system details and CPU/GPU/disk/network metrics. Off by
             default: the sink runs in the delivery process, not the trainer.
         flush_timeout: seconds ``flush`` waits for Comet to write/send what it was given.
@@ -319,7 +341,8 @@ class CometSink:
         self._offline = online is False
         if self._offline:
             _block_cloud_probe(comet_ml)
-        key = self.experiment_key or experiment_key(run_info)
+        remembered = Remembered(run_info.run_dir, "comet_ml", run_info.run_id)
+        identity = self.identity(run_info, remembered)
         if self._offline:
             self._recover(run_info)
         config = comet_ml.ExperimentConfig(
@@ -345,14 +368,15 @@ class CometSink:
         )
         with _mapped_errors():
             experiment = comet_ml.start(
-                project_name=self.project or os.environ.get("COMET_PROJECT_NAME") or run_info.project,
-                workspace=self.workspace,
-                experiment_key=key,
+                project_name=identity["project"],
+                workspace=identity["workspace"],
+                experiment_key=identity["experiment_key"],
                 mode="get_or_create",
                 online=online,
                 experiment_config=config,
             )
         self._experiment = experiment
+        remembered.save(**identity)
         if self._offline:
             self._write_marker(run_info, experiment)
         with _mapped_errors():
@@ -362,6 +386,29 @@ class CometSink:
                     {comet_name(str(k)): comet_param_value(v) for k, v in run_info.config.items()},
                     nested_support=False,
                 )
+
+    def identity(self, run_info: RunInfo, remembered: Remembered | None = None) -> dict[str, Any]:
+        """The ``project``, ``workspace`` and ``experiment_key`` the experiment is started with: an option,
+        else ``rllog.init``'s project when not the default, else Comet's variable, else what an earlier
+        session chose, else rllog's default (None leaves the workspace to Comet)."""
+        remembered = remembered or Remembered(run_info.run_dir, "comet_ml", run_info.run_id)
+        return {
+            "project": first(
+                self.project, explicit_project(run_info), env("COMET_PROJECT_NAME"), remembered.get("project"), run_info.project
+            ),
+            "workspace": first(self.workspace, env("COMET_WORKSPACE"), remembered.get("workspace")),
+            "experiment_key": first(
+                self.experiment_key, env("COMET_EXPERIMENT_KEY"), remembered.get("experiment_key"), experiment_key(run_info)
+            ),
+        }
+
+    def write_config(self, record: ConfigRecord) -> None:
+        """Config given after ``open`` (``Run.update_config``): ``log_parameters``; Comet keeps each parameter's latest value."""
+        experiment = self._require_open()
+        with _mapped_errors():
+            experiment.log_parameters(
+                {comet_name(str(k)): comet_param_value(v) for k, v in record.values.items()}, nested_support=False
+            )
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         """One ``log_metrics`` per record, at the record's step (lower steps included).

@@ -1,9 +1,19 @@
 """MLflow backend: metrics, completion tables, config and run status in an MLflow run.
 
 Talks to MLflow through its own ``mlflow.MlflowClient(tracking_uri)`` (never the fluent
-``mlflow.start_run`` global state), so it can live in a thread next to other sinks. The MLflow
-experiment is ``run_info.project``; the MLflow run carries the tag ``rllog.run_id`` and is resumed
-(not duplicated) when the sink is opened again for the same rllog run, e.g. by ``rllog replay``.
+``mlflow.start_run`` global state), so it can live in a thread next to other sinks. The MLflow run is,
+first match wins: the ``run_id`` option, ``MLFLOW_RUN_ID`` (a run AzureML or Databricks created for the
+job gets the data), the run an earlier session of this rllog run used (``RUN_DIR/trackers/mlflow.json``),
+the run tagged ``rllog.run_id`` in the experiment, or a new run there. So a resumed run, or ``rllog
+replay``, continues the same MLflow run. The experiment is the ``experiment_name`` option, else
+``rllog.init``'s project when given, else ``MLFLOW_EXPERIMENT_NAME``, else ``"rllog"``. ``MLFLOW_TAGS``
+(a JSON object) adds tags, as transformers' ``MLflowCallback`` does.
+
+Config: params. MLflow refuses to change a param, so a value that changes later (``Run.update_config``,
+or a resumed run's new config) keeps the first value as the param and puts the current one in the tag
+``rllog.config.<param>``. MLflow's own system-metrics monitor is never started (``MlflowClient`` does not
+start it; ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`` applies to ``mlflow.start_run`` only): it would measure
+the delivery process; rllog sends the trainer's ``system/...`` metrics itself.
 
 Names: MLflow accepts metric and param keys made of letters, digits, ``_ - . / :`` and space, that do
 not change under ``posixpath.normpath`` and have at most 250 characters. :func:`mlflow_key` maps any
@@ -24,9 +34,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from rllog.errors import RateLimited, TransientError
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import exception_chain, map_errors
+from rllog_backends._conventions import Remembered, env, explicit_project, first
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +48,7 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's MAX_METRICS_PER_BATCH
 MAX_PARAMS_PER_BATCH = 100  # MLflow's MAX_PARAMS_TAGS_PER_BATCH
 MAX_BATCH_BYTES = 900_000  # MLflow rejects log_batch requests over 1e6 bytes of JSON
 RUN_ID_TAG = "rllog.run_id"
+CONFIG_TAG_PREFIX = "rllog.config."  # + param name: the current value of a param that changed
 RENAMED_TAG_PREFIX = "rllog.renamed."
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
@@ -201,7 +213,11 @@ class MlflowSink:
 
     Args:
         tracking_uri: MLflow tracking URI; default ``MLFLOW_TRACKING_URI``, else MLflow's default.
-        experiment_name: MLflow experiment; default ``run_info.project``.
+        experiment_name: MLflow experiment; default ``rllog.init``'s project when given, else
+            ``MLFLOW_EXPERIMENT_NAME``, else ``"rllog"``.
+        run_id: an existing MLflow run to log into; default ``MLFLOW_RUN_ID``, else the run of an
+            earlier session, else the run tagged with the rllog run id, else a new one.
+        tags: tags set on the run (``{name: value}``); default ``MLFLOW_TAGS`` (a JSON object).
         artifact_location: artifact root for an experiment this sink creates (it becomes
             ``<artifact_location>/<experiment name>``). Default ``MLFLOW_ARTIFACT_ROOT``; for a sqlite
             URI without either, ``<directory of the .db>/mlartifacts``; otherwise MLflow's or the
@@ -229,9 +245,13 @@ class MlflowSink:
         experiment_name: str | None = None,
         artifact_location: str | None = None,
         http_max_retries: int | None = None,
+        run_id: str | None = None,
+        tags: Mapping[str, Any] | None = None,
     ):
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
+        self.given_run_id = run_id
+        self.tags = dict(tags) if tags is not None else None
         self.artifact_location = artifact_location
         self.http_max_retries = http_max_retries
         self._client: Any = None
@@ -239,6 +259,9 @@ class MlflowSink:
         self.experiment_id: str | None = None
         self._metric_names = _Names("metric", self._remember_rename)
         self._table_names = _Names("table", self._remember_rename)
+        self._param_names = _Names("param")
+        self._params: dict[str, str] = {}  # param name -> the value MLflow holds
+        self._config_tags: dict[str, str] = {}  # param name -> current value, for params that changed
         self._logged_artifacts: list[dict[str, str]] | None = []
         self._partial: tuple[tuple[int, int, int], int] | None = None  # (records id, chunks sent)
         self._last_timestamp = 0  # ms, of the last record written
@@ -254,19 +277,26 @@ class MlflowSink:
                 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         from mlflow import MlflowClient
 
+        remembered = Remembered(run_info.run_dir, "mlflow", run_info.run_id)
         with _mapped_errors():
             self._client = MlflowClient(tracking_uri=uri)
-            self.experiment_id = self._experiment(run_info, uri)
-            run = self._find_run(run_info.run_id)
-            if run is None:
-                tags = {mlflow_key(t): "" for t in run_info.tags if not mlflow_key(t).startswith("mlflow.")}
-                tags[RUN_ID_TAG] = run_info.run_id
-                run = self._client.create_run(self.experiment_id, run_name=run_info.name or None, tags=tags)
-            elif run.info.status != "RUNNING":
+            run = self._given_run(remembered, uri) or self._run_of_experiment(run_info, uri)
+            if run.info.status != "RUNNING":
                 self._client.update_run(run.info.run_id, status="RUNNING")
             self.run_id = run.info.run_id
+            self.experiment_id = run.info.experiment_id
+            if run.data.tags.get(RUN_ID_TAG) != run_info.run_id:
+                self._client.set_tag(self.run_id, RUN_ID_TAG, run_info.run_id, synchronous=True)
             self._resume_state(run.data.tags)
-            self._log_params(run_info.config, run.data.params)
+            self._params = dict(run.data.params)
+            self._log_params(run_info.config)
+            self._set_tags()
+        remembered.save(tracking_uri=uri or "", run_id=self.run_id)
+
+    def write_config(self, record: ConfigRecord) -> None:
+        """Config given after ``open``: new keys become params, a changed value goes to ``rllog.config.<param>``."""
+        with _mapped_errors():
+            self._log_params(record.values)
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         from mlflow.entities import Metric
@@ -318,10 +348,45 @@ class MlflowSink:
 
     # -- helpers -------------------------------------------------------------------------------
 
+    def _given_run(self, remembered: Remembered, uri: str | None) -> Any:
+        """The run named by the ``run_id`` option or ``MLFLOW_RUN_ID``, else an earlier session's run (None if none).
+
+        A named run that does not exist is an error; a remembered one that is gone (deleted, another
+        tracking store) is skipped.
+        """
+        from mlflow.exceptions import MlflowException
+
+        given = first(self.given_run_id, env("MLFLOW_RUN_ID"))
+        if given is not None:
+            run = self._client.get_run(given)
+            if run.info.lifecycle_stage == "deleted":
+                raise ValueError(f"MLflow run {given!r} is deleted: restore it (`mlflow runs restore`) or unset MLFLOW_RUN_ID")
+            return run
+        previous = remembered.get("run_id")
+        if previous is None or remembered.get("tracking_uri") != (uri or ""):
+            return None
+        try:
+            run = self._client.get_run(previous)
+        except MlflowException as exc:
+            if getattr(exc, "error_code", None) not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise
+            return None
+        return run if run.info.lifecycle_stage != "deleted" else None
+
+    def _run_of_experiment(self, run_info: RunInfo, uri: str | None) -> Any:
+        """The experiment's run tagged with this rllog run id, or a new one there."""
+        self.experiment_id = self._experiment(run_info, uri)
+        run = self._find_run(run_info.run_id)
+        if run is None:
+            tags = {mlflow_key(t): "" for t in run_info.tags if not mlflow_key(t).startswith("mlflow.")}
+            tags[RUN_ID_TAG] = run_info.run_id
+            run = self._client.create_run(self.experiment_id, run_name=run_info.name or None, tags=tags)
+        return run
+
     def _experiment(self, run_info: RunInfo, uri: str | None) -> str:
         from mlflow.exceptions import MlflowException
 
-        name = self.experiment_name or run_info.project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "Default"
+        name = first(self.experiment_name, explicit_project(run_info), env("MLFLOW_EXPERIMENT_NAME"), run_info.project, "Default")
         experiment = self._client.get_experiment_by_name(name)
         if experiment is None:
             try:
@@ -335,6 +400,23 @@ class MlflowSink:
                 f"MLflow experiment {name!r} is deleted: restore it (`mlflow experiments restore`) or use another project name"
             )
         return experiment.experiment_id
+
+    def _set_tags(self) -> None:
+        """The ``tags`` option, else ``MLFLOW_TAGS`` (a JSON object), on the run; an unreadable variable is ignored."""
+        from mlflow.entities import RunTag
+
+        tags = self.tags
+        if tags is None and env("MLFLOW_TAGS"):
+            try:
+                tags = json.loads(os.environ["MLFLOW_TAGS"])
+            except ValueError as exc:
+                logger.warning("mlflow: MLFLOW_TAGS is not JSON, ignored: %s", exc)
+            if not isinstance(tags, dict):
+                logger.warning("mlflow: MLFLOW_TAGS is not a JSON object, ignored")
+                tags = None
+        if tags:
+            run_tags = [RunTag(str(k), str(v)[:MAX_TAG_VALUE_LENGTH]) for k, v in tags.items()]
+            self._client.log_batch(self.run_id, tags=run_tags, synchronous=True)
 
     def _artifact_location(self, experiment: str, uri: str | None) -> str | None:
         root = self.artifact_location or os.environ.get("MLFLOW_ARTIFACT_ROOT")
@@ -355,6 +437,7 @@ class MlflowSink:
 
     def _resume_state(self, tags: dict[str, str]) -> None:
         """Collision renames and registered tables from an earlier process, read from the run's tags."""
+        self._config_tags = {k[len(CONFIG_TAG_PREFIX) :]: v for k, v in tags.items() if k.startswith(CONFIG_TAG_PREFIX)}
         for key, value in tags.items():
             if key.startswith(RENAMED_TAG_PREFIX):
                 try:
@@ -401,15 +484,27 @@ class MlflowSink:
         self._client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, value, synchronous=True)
         self._logged_artifacts = entries
 
-    def _log_params(self, config: Mapping[str, Any], existing: dict[str, str]) -> None:
-        from mlflow.entities import Param
+    def _log_params(self, config: Mapping[str, Any]) -> None:
+        """New keys become params; a changed value becomes the tag ``rllog.config.<param>`` (MLflow params cannot change)."""
+        from mlflow.entities import Param, RunTag
 
-        names = _Names("param")
-        params = []
+        params, changed = [], []
         for key, value in config.items():
-            name = names(key)
-            if name in existing:  # resumed run: MLflow refuses to change a param
-                continue
-            params.append(Param(name, str(value)[:MAX_PARAM_VALUE_LENGTH]))
-        for chunk in _chunks(params, MAX_PARAMS_PER_BATCH, lambda p: len(json.dumps(p.key)) + len(json.dumps(p.value)) + 30):
+            name = self._param_names(key)
+            text = str(value)[:MAX_PARAM_VALUE_LENGTH]
+            if name not in self._params:
+                params.append(Param(name, text))
+            elif text != self._config_tags.get(name, self._params[name]):
+                changed.append(RunTag(mlflow_key(CONFIG_TAG_PREFIX + name), str(value)[:MAX_TAG_VALUE_LENGTH]))
+                self._config_tags[name] = text
+        size = lambda e: len(json.dumps(e.key)) + len(json.dumps(e.value)) + 30  # noqa: E731
+        for chunk in _chunks(params, MAX_PARAMS_PER_BATCH, size):
             self._client.log_batch(self.run_id, params=chunk, synchronous=True)
+            self._params.update((p.key, p.value) for p in chunk)
+        for tags in _chunks(changed, MAX_PARAMS_PER_BATCH, size):
+            self._client.log_batch(self.run_id, tags=tags, synchronous=True)
+        if changed:
+            logger.warning(
+                "mlflow: params cannot change; the new values of %s are in the tags %s",
+                [t.key[len(CONFIG_TAG_PREFIX):] for t in changed], [t.key for t in changed],
+            )  # fmt: skip

@@ -245,14 +245,21 @@ class PartStore:
     @staticmethod
     def read(directory: Path) -> pa.Table | None:
         """Every row of the directory, in seq order, schemas unified (a later column is null in earlier rows)."""
+        live = _live(_listing(directory))
+        parts = [f for f in live if not f.is_tail]
         tables = []
-        for f in _live(_listing(directory)):
-            try:
-                table = read_tail(f.path) if f.is_tail else pq.read_table(f.path)
-            except FileNotFoundError:  # replaced by a merge since the listing: read again
-                return PartStore.read(directory)
-            if table is not None and table.num_rows:
-                tables.append(table)
+        try:
+            schemas = [pq.read_schema(f.path) for f in parts]
+            if len(parts) > 1 and all(schema.equals(schemas[0]) for schema in schemas):
+                import pyarrow.dataset as ds  # reads the parts in parallel, in the order given
+
+                tables.append(ds.dataset([str(f.path) for f in parts], schema=schemas[0], format="parquet").to_table())
+            else:
+                tables += [pq.read_table(f.path) for f in parts]
+            tables += [t for t in (read_tail(f.path) for f in live if f.is_tail) if t is not None]
+        except FileNotFoundError:  # replaced by a merge since the listing: read again
+            return PartStore.read(directory)
+        tables = [t for t in tables if t.num_rows]
         if not tables:
             return None
         return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

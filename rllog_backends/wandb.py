@@ -1,8 +1,20 @@
 """Weights & Biases backend: metrics, tables and config to a wandb run (online or offline).
 
 One rllog run is one wandb run. Its wandb id is derived from ``run_info.run_id``
-(:func:`wandb_run_id`) and the run is opened with ``resume="allow"``, so ``rllog replay`` after a
-crash continues the same wandb run instead of creating a second one.
+(:func:`wandb_run_id`) unless ``WANDB_RUN_ID`` names one, and the run is opened with ``resume="allow"``
+(or ``WANDB_RESUME``), so a resumed rllog run, or ``rllog replay`` after a crash, continues the same wandb
+run instead of creating a second one. The id, project, entity and name chosen at the first session are
+remembered in ``RUN_DIR/trackers/wandb.json`` for the later ones (see ``rllog_backends._conventions``).
+
+**Conventions.** With no explicit value (an option, or ``rllog.init``'s project/name other than the
+defaults ``"rllog"`` / ``"run-<id>"``), wandb's own variables apply: ``WANDB_PROJECT``, ``WANDB_NAME``,
+``WANDB_RUN_ID``, ``WANDB_RESUME``, ``WANDB_ENTITY``, ``WANDB_TAGS`` (when ``init`` has no tags),
+``WANDB_RUN_GROUP``, ``WANDB_JOB_TYPE``, ``WANDB_MODE``, ``WANDB_DIR``.
+
+**The agent is not the trainer.** The sink runs in rllog's delivery process, so wandb's system-metrics
+sampler is off (``x_disable_stats``: it would sample the agent; rllog sends the trainer's own
+``system/...`` metrics), and the run's metadata names the trainer's program and arguments
+(``run_info.program`` / ``run_info.args``), not ``-m rllog.agent ...``.
 
 **Steps.** wandb drops, with only a warning, any row whose ``step=`` is lower than the run's current
 step. rllog never passes ``step=``: wandb's own ``_step`` counts the ``log`` calls (one row per
@@ -37,16 +49,19 @@ import math
 import os
 import re
 import struct
+import sys
+import threading
 import time
 import zlib
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
+from rllog_backends._conventions import Remembered, env, explicit_name, explicit_project, first
 
 STEP_KEY = "rllog/step"
 MAX_TABLE_ROWS = 10_000  # wandb.Table.MAX_ROWS: rows beyond it are cut when a table is logged
@@ -55,6 +70,11 @@ EXIT_CODES = {"finished": 0, "failed": 1, "killed": 255}
 MAX_TAG_CHARS = 64
 MAX_PROJECT_CHARS = 128
 LOG_BLOCK = 32 * 1024  # the .wandb transaction log's block size (LevelDB log format)
+DEFAULT_RESUME = "allow"
+#: wandb.Settings rllog sets unless the ``settings`` option says otherwise: no console capture (the
+#: agent's output is not the training log) and no system-metrics sampler (it would sample the agent).
+DEFAULT_SETTINGS = {"console": "off", "x_disable_stats": True}
+_ARGV_LOCK = threading.Lock()
 log = logging.getLogger("rllog.backends.wandb")
 _ID_OK = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HTTP_STATUS = re.compile(r"(?:HTTP|status(?:[ _]code)?|response code|returned error)\W{0,3}([45]\d\d)\b", re.IGNORECASE)
@@ -190,32 +210,56 @@ def _clean_tags(tags: Sequence[str]) -> list[str]:
     return [str(t)[:MAX_TAG_CHARS] for t in tags if str(t)]
 
 
+@contextmanager
+def _trainer_argv(run_info: RunInfo) -> Iterator[None]:
+    """``sys.argv`` set to the trainer's command line while ``wandb.init`` runs.
+
+    wandb records ``sys.argv[1:]`` as the run's arguments when it starts the run (a computed setting
+    that no option overrides); in the delivery agent they would be the agent's.
+    """
+    if not run_info.program:
+        yield
+        return
+    with _ARGV_LOCK:
+        saved = sys.argv
+        sys.argv = [run_info.program, *run_info.args]
+        try:
+            yield
+        finally:
+            sys.argv = saved
+
+
 class WandbSink:
     """Writes metrics, tables and config to a Weights & Biases run.
 
-    Every option is optional; wandb's own environment variables (``WANDB_MODE``, ``WANDB_ENTITY``,
-    ``WANDB_RUN_GROUP``, ``WANDB_JOB_TYPE``, ``WANDB_API_KEY``, ``WANDB_BASE_URL``...) apply as usual.
+    Every option is optional; an option given wins over wandb's environment variable, which wins over
+    rllog's default (docs/backends.md, "Precedence"). wandb's other variables (``WANDB_MODE``,
+    ``WANDB_API_KEY``, ``WANDB_BASE_URL``...) apply as usual.
 
     Args:
-        project: wandb project; default ``run_info.project`` (characters wandb rejects, ``/\\#?%:``,
-            become ``-``; at most 128 characters).
+        project: wandb project; default ``rllog.init``'s project if given, else ``WANDB_PROJECT``, else
+            ``"rllog"`` (characters wandb rejects, ``/\\#?%:``, become ``-``; at most 128 characters).
         entity: wandb entity (user or team); default ``WANDB_ENTITY`` / your default entity.
+        name: the run's display name; default ``rllog.init``'s name if given, else ``WANDB_NAME``, else
+            ``run-<id>``.
         group: run group; default ``WANDB_RUN_GROUP``.
         job_type: job type; default ``WANDB_JOB_TYPE``.
         mode: ``"online"``, ``"offline"`` or ``"disabled"``; default ``WANDB_MODE`` (else online).
         dir: where wandb writes its ``wandb/`` folder; default ``WANDB_DIR``, else the rllog run directory.
-        id: the wandb run id; default derived from ``run_info.run_id`` (:func:`wandb_run_id`).
-        resume: wandb's ``resume`` argument; default ``"allow"`` (continue the run with this id if it exists).
+        id: the wandb run id; default ``WANDB_RUN_ID``, else derived from ``run_info.run_id`` (:func:`wandb_run_id`).
+        resume: wandb's ``resume`` argument; default ``WANDB_RESUME``, else ``"allow"`` (continue the run
+            with this id if it exists).
         step_key: the history key that holds the rllog step (the x-axis of every metric).
         max_table_rows: rows per logged ``wandb.Table`` (at most wandb's 10,000); larger tables are
             split into ``<name>/part_<i>``.
-        settings: extra ``wandb.Settings`` fields (e.g. ``{"x_disable_stats": True}``); rllog sets
-            ``console="off"`` (the delivery process's output is not the training log) unless given here.
+        settings: extra ``wandb.Settings`` fields; rllog sets ``console="off"`` (the delivery process's
+            output is not the training log), ``x_disable_stats=True`` (wandb's sampler would measure the
+            delivery process) and ``program`` (the trainer's) unless given here.
         close_timeout: seconds ``close`` waits, after ``run.finish``, for wandb's service to write the
             run's exit record to the local ``.wandb`` file (``run.finish`` can return before it does).
 
     Example:
-        >>> sink = WandbSink(entity="my-team", settings={"x_disable_stats": True})
+        >>> sink = WandbSink(entity="my-team", settings={"x_stats_sampling_interval": 30})
         >>> run = rllog.init(report_to=[sink], project="grpo-math")
     """
 
@@ -227,12 +271,13 @@ class WandbSink:
         self,
         project: str | None = None,
         entity: str | None = None,
+        name: str | None = None,
         group: str | None = None,
         job_type: str | None = None,
         mode: str | None = None,
         dir: str | None = None,
         id: str | None = None,
-        resume: str | None = "allow",
+        resume: str | None = None,
         step_key: str = STEP_KEY,
         max_table_rows: int = MAX_TABLE_ROWS,
         settings: dict[str, Any] | None = None,
@@ -242,6 +287,7 @@ class WandbSink:
             raise ValueError("max_table_rows must be at least 1")
         self.project = project
         self.entity = entity
+        self.name = name
         self.group = group
         self.job_type = job_type
         self.mode = mode
@@ -266,30 +312,46 @@ class WandbSink:
             import wandb
 
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
-            settings = {"console": "off", **self.settings}
-            with _mapped():
+            remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)
+            identity = self.identity(run_info, remembered)
+            with _mapped(), _trainer_argv(run_info):
                 Path(directory).mkdir(parents=True, exist_ok=True)
                 self._run = wandb.init(
-                    project=_clean_project(self.project or run_info.project),
-                    entity=self.entity,
+                    **identity,
                     group=self.group,
                     job_type=self.job_type,
                     mode=self.mode,  # type: ignore[arg-type]  # a str option, checked by wandb
-                    name=run_info.name,
-                    id=self.id or wandb_run_id(run_info.run_id),
-                    resume=self.resume,  # type: ignore[arg-type]
+                    resume=first(self.resume, env("WANDB_RESUME"), DEFAULT_RESUME),
                     config=dict(run_info.config),
                     allow_val_change=True,  # a resumed run gets the same config again
-                    tags=_clean_tags(run_info.tags) or None,
+                    tags=_clean_tags(run_info.tags) or None,  # None: wandb reads WANDB_TAGS
                     dir=str(directory),
                     # A new run object every time, without touching wandb.run: works from any
                     # thread, several times per process, next to the user's own wandb run.
                     reinit="create_new",
-                    settings=wandb.Settings(**settings),
+                    settings=wandb.Settings(**self._settings(run_info)),
                 )
+            remembered.save(**identity)
         with _mapped():
             self._run.define_metric(self.step_key)
             self._run.define_metric("*", step_metric=self.step_key)
+
+    def identity(self, run_info: RunInfo, remembered: Remembered | None = None) -> dict[str, Any]:
+        """The ``project``, ``entity``, ``name`` and ``id`` the run is opened with: an option, else
+        ``rllog.init``'s own value when not a default, else wandb's variable, else what an earlier
+        session chose, else rllog's default."""
+        remembered = remembered or Remembered(run_info.run_dir, "wandb", run_info.run_id)
+        project = first(self.project, explicit_project(run_info), env("WANDB_PROJECT"), remembered.get("project"), run_info.project)
+        return {
+            "project": _clean_project(project),
+            "entity": first(self.entity, env("WANDB_ENTITY"), remembered.get("entity")),
+            "name": first(self.name, explicit_name(run_info), env("WANDB_NAME"), remembered.get("name"), run_info.name),
+            "id": first(self.id, env("WANDB_RUN_ID"), remembered.get("id"), wandb_run_id(run_info.run_id)),
+        }
+
+    def _settings(self, run_info: RunInfo) -> dict[str, Any]:
+        trainer = {"program": run_info.program} if run_info.program else {}
+        return {**DEFAULT_SETTINGS, **trainer, **self.settings}
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
@@ -327,6 +389,12 @@ class WandbSink:
         row[self.step_key] = record.step
         with _mapped():
             run.log(row)
+
+    def write_config(self, record: ConfigRecord) -> None:
+        """Config given after ``open`` (``Run.update_config``): ``run.config.update``, changed values allowed."""
+        run = self._require_run()
+        with _mapped():
+            run.config.update(dict(record.values), allow_val_change=True)
 
     def write_alert(self, record: AlertRecord) -> None:
         """A health alert as a wandb alert (``run.alert``; stored in the run file offline, e-mailed/Slacked online).

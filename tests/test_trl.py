@@ -294,3 +294,48 @@ def test_every_tracker_holds_every_step_when_train_and_evaluate_return(tiny_mode
     assert metric_series(run.run_dir)["eval/reward"] == [(3, metrics["eval_reward"])]
     assert not run.finished
     assert run.finish().ok
+
+
+def _agents() -> list:
+    """This process's live delivery agents."""
+    import psutil
+
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "rllog.agent" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_trainers_built_and_replaced_in_one_process_keep_at_most_one_agent(tiny_model, tmp_path, tracker_dirs):
+    """A sweep, a notebook or a test suite: each trainer trains, then the next one replaces it."""
+    import gc
+    import time
+    from pathlib import Path
+
+    from readers import read_back
+
+    assert _agents() == []
+    infos, most_alive = [], 0
+    for i in range(20):
+        trainer = make_grpo_trainer(tiny_model, str(tmp_path / f"out{i}"), steps=1, report_to=["parquet"], rllog_options={"health": False},
+                                    log_completions=False)
+        assert trainer.rllog_run is None and len(_agents()) <= 1  # building one starts nothing
+        trainer.train()
+        infos.append(trainer.rllog_run.info)
+        most_alive = max(most_alive, len(_agents()))
+    assert most_alive == 1
+    last = trainer.rllog_run
+    del trainer
+    gc.collect()  # the last trainer goes too: its run is finished, its agent exits
+    deadline = time.monotonic() + 60
+    while (_agents() or not last.finished) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _agents() == [] and last.finished
+    for info in infos:  # each run finished with a status, everything delivered
+        got = read_back("parquet", tracker_dirs, info)
+        assert got.status == "finished" and [s for s, _ in got.metrics["train/reward"]] == [1], info.run_dir
+        assert Path(info.run_dir).name.count(info.run_id) == 1  # run_name unset: the id once in the directory name

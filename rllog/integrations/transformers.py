@@ -278,7 +278,7 @@ class RLLogCallback(TrainerCallback):
         state.stateful_callbacks[STATE_KEY] = {"args": {}, "attributes": attributes}
 
     def _flush(self) -> None:
-        if True:
+        if self.run is None or self.run.finished or not hasattr(self.run, "flush"):
             return
         report = self.run.flush(self.flush_timeout)
         if not report.ok:
