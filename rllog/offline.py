@@ -25,9 +25,14 @@ OFFLINE_ENV: dict[str, str] = {
     "COMET_DISABLE_AUTO_LOGGING": "1",
     "COMET_ERROR_TRACKING_ENABLE": "false",
     "COMET_AUTO_LOG_ENV_HOST": "false",
+    "SWANLAB_MODE": "offline",
+    "CLEARML_OFFLINE_MODE": "1",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_STUDIO_OFFLINE": "true",
     "DO_NOT_TRACK": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
 
 # Variables that would point a tracker at a remote server or account.
-ONLINE_VARS = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "WANDB_API_KEY", "COMET_API_KEY")
+ONLINE_VARS = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "WANDB_API_KEY", "COMET_API_KEY", "SWANLAB_API_KEY", "CLEARML_API_ACCESS_KEY",
+               "CLEARML_API_SECRET_KEY", "DVC_STUDIO_TOKEN")

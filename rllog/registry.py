@@ -59,6 +59,9 @@ BUILTIN: dict[str, Backend] = {
         Backend("tensorboard", "rllog_backends.tensorboard:TensorBoardSink", "tensorboard", "tensorboard"),
         Backend("mlflow", "rllog_backends.mlflow:MlflowSink", "mlflow", "mlflow"),
         Backend("comet_ml", "rllog_backends.comet:CometSink", "comet_ml", "comet"),
+        Backend("swanlab", "rllog_backends.swanlab:SwanLabSink", "swanlab", "swanlab"),
+        Backend("clearml", "rllog_backends.clearml:ClearMLSink", "clearml", "clearml"),
+        Backend("dvclive", "rllog_backends.dvclive:DVCLiveSink", "dvclive", "dvclive"),
     )
 }
 ALIASES = {"comet": "comet_ml", "tb": "tensorboard"}

@@ -21,6 +21,11 @@ metrics`` and keys starting with ``__``) which get a ``__`` prefix, as ``trackio
 ``config/_<key>``; alerts are trackio alerts; the end status is an alert titled ``run <status>``
 (trackio has no run status field).
 
+Config given after ``open`` (``Run.update_config``) is merged into the run's config and stored at once
+the way trackio stores config: with a metrics row (an empty one, at the update's step, deduplicated on
+its ``log_id`` like every row). trackio's own CPU/GPU monitors stay off: they would measure rllog's
+delivery process; rllog sends the trainer's ``system/...`` metrics itself.
+
 Read back with plain SQLite::
 
     SELECT step, metrics FROM metrics WHERE run_id = :run_id ORDER BY id
@@ -42,7 +47,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from rllog.errors import TransientError
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
 
@@ -69,6 +74,11 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
     return str(value)
+
+
+def _config_keys(config: Any) -> dict[str, Any]:
+    """Config keys as stored: a key starting with ``_`` (reserved by trackio) becomes ``config/_<key>``."""
+    return {(f"config/{k}" if k.startswith("_") else k): v for k, v in config.items()}
 
 
 def trackio_key(name: str) -> str:
@@ -119,7 +129,7 @@ class TrackioSink:
                 log.warning("rllog: the trackio sink writes to the local database only; %s is ignored (use `trackio sync`)", var)
         self._project = self.project or run_info.project
         SQLiteStorage.validate_project_name(self._project)
-        config = {(f"config/{k}" if k.startswith("_") else k): v for k, v in run_info.config.items()}
+        config = _config_keys(run_info.config)
         with _mapped_errors():
             self._run = trackio.Run(
                 url=None,
@@ -157,6 +167,12 @@ class TrackioSink:
         rows = [_json_safe(row) for row in record.table.to_pylist()]
         value = trackio.Table(data=rows)._to_dict(project=self._project, run=self._run.name, step=record.step)
         self._write([({name: value}, record)])
+
+    def write_config(self, record: ConfigRecord) -> None:
+        """Config given after ``open``: merged into the run's config and stored now, with an empty metrics row."""
+        self._run.config.update(_config_keys(record.values))
+        self._config_written = False
+        self._write([({}, record)])
 
     def write_alert(self, record: AlertRecord) -> None:
         """A health alert as a trackio alert (deduplicated on its ``seq``)."""
@@ -236,7 +252,7 @@ class TrackioSink:
         self._run = None
 
     # -- internals -------------------------------------------------------------------------------
-    def _write(self, items: list[tuple[dict, MetricsRecord | TableRecord]]) -> None:
+    def _write(self, items: list[tuple[dict, MetricsRecord | TableRecord | ConfigRecord]]) -> None:
         if not items:
             return
         run = self._run

@@ -53,6 +53,8 @@ def tracker_dirs(tmp_path, monkeypatch):
         "COMET_OFFLINE_DIRECTORY": tmp_path / "comet",
         "TENSORBOARD_LOGGING_DIR": tmp_path / "tensorboard",
         "RLLOG_DIR": tmp_path / "rllog_runs",
+        "SWANLAB_LOG_DIR": tmp_path / "swanlab",
+        "CLEARML_CACHE_DIR": tmp_path / "clearml",
     }
     for key, path in dirs.items():
         path.mkdir(parents=True, exist_ok=True)

@@ -262,3 +262,30 @@ def test_parquet_store_is_parquet_only_after_close_and_columns_grow(tmp_path):
     import pandas as pd
 
     assert pd.read_parquet(tmp_path / "parquet" / "metrics")["value"].tolist() == [float(i) for i in range(6)]
+
+def test_no_import_cycle_in_rllog():
+    """Data flows one way: no module of rllog/ imports (even lazily) one that imports it back."""
+    import ast
+    from pathlib import Path
+
+    root = Path(rllog.__file__).parent
+    names = {".".join(p.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__") for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rllog"):
+                deps |= {f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names} or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name in names}
+        graph[name] = {d for d in deps if d != name and d != "rllog"}
+
+    def reaches(start: str, target: str, seen: set) -> bool:
+        for dep in graph.get(start, ()):
+            if dep == target or (dep not in seen and not seen.add(dep) and reaches(dep, target, seen)):
+                return True
+        return False
+
+    cycles = sorted(name for name in graph if reaches(name, name, set()))
+    assert cycles == [], cycles

@@ -9,7 +9,7 @@ with the same id; they are read in the order of their start records.
 - tables: ``media`` records of type ECHARTS, each a ``media/echarts/<file>.json`` in the session's folder
   (``{"_swanLab": "table", "colDefs": [...], "rowData": [...]}``); NaN/inf cells come back as ``None``.
 - config: ``files/config.yaml`` of the last session (``{key: {value, desc, sort}}``), values as YAML keeps them.
-- status: the ``finish`` record's state mapped back (success -> finished, crashed -> failed, aborted -> killed).
+- status: the ``finish`` record's state mapped back (FINISHED -> finished, crashed -> failed, aborted -> killed).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 from readers import ReadBack
 from rllog_backends.swanlab import STEP_KEY, swanlab_run_id
 
-STATUS = {"RUN_STATE_SUCCESS": "finished", "RUN_STATE_CRASHED": "failed", "RUN_STATE_ABORTED": "killed"}
+STATUS = {"RUN_STATE_FINISHED": "finished", "RUN_STATE_CRASHED": "failed", "RUN_STATE_ABORTED": "killed"}
 
 
 def records(path: Path) -> list:
@@ -47,10 +47,11 @@ def records(path: Path) -> list:
 def sessions(log_dir: str | Path, run_id: str) -> list[tuple[Path, list]]:
     """``(run folder, records)`` of every session of SwanLab run ``run_id``, oldest first."""
     found = []
-    for path in Path(log_dir).glob(f"*/run-{run_id}.swanlab"):
+    for path in Path(log_dir).glob("*/run-*.swanlab"):  # the file name is the id made folder-safe ("-" -> "_")
         recs = records(path)
-        start = next((r.start.started_at.ToNanoseconds() for r in recs if r.HasField("start")), 0)
-        found.append((start, path.parent, recs))
+        start = next((r.start for r in recs if r.HasField("start")), None)
+        if start is not None and start.id == run_id:
+            found.append((start.started_at.ToNanoseconds(), path.parent, recs))
     return [(folder, recs) for _, folder, recs in sorted(found, key=lambda t: (t[0], str(t[1])))]
 
 
@@ -114,4 +115,4 @@ def cell(value):
 
 def run_ids(env: dict, run_info) -> set[str]:
     """The SwanLab run ids with a run file under the log dir (a resumed run adds a folder, not an id)."""
-    return {p.stem[len("run-") :] for p in Path(env["SWANLAB_LOG_DIR"]).glob("*/run-*.swanlab")}
+    return {r.start.id for p in Path(env["SWANLAB_LOG_DIR"]).glob("*/run-*.swanlab") for r in records(p) if r.HasField("start")}
