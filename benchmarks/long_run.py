@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RLLOG_SYSTEM_METRICS", "0")
 
-import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 import rllog  # noqa: E402
@@ -65,8 +64,11 @@ def read_ratio(run_dir: Path, tmp: Path) -> dict:
 
 
 def completions(step: int) -> dict:
-    return {"prompt": [f"prompt {step} {i}" for i in range(16)], "completion": [f"answer {step} {i} " * 8 for i in range(16)],
-            "reward": [float(i % 3) for i in range(16)]}
+    return {
+        "prompt": [f"prompt {step} {i}" for i in range(16)],
+        "completion": [f"answer {step} {i} " * 8 for i in range(16)],
+        "reward": [float(i % 3) for i in range(16)],
+    }
 
 
 def main() -> int:
@@ -87,8 +89,14 @@ def main() -> int:
         def sample() -> None:
             while not stop.wait(0.1):
                 pid = run._agent.pid
-                samples.append({"t": time.monotonic() - t0, "files": files_in(store), "agent_rss_mib": status_kib(pid, "VmRSS") / 1024,
-                                "delivered_seq": CursorStore(run_dir, "parquet").load().seq})
+                samples.append(
+                    {
+                        "t": time.monotonic() - t0,
+                        "files": files_in(store),
+                        "agent_rss_mib": status_kib(pid, "VmRSS") / 1024,
+                        "delivered_seq": CursorStore(run_dir, "parquet").load().seq,
+                    }
+                )
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -127,10 +135,18 @@ def main() -> int:
         end = read_ratio(run_dir, tmp)
         table_rows = rllog.read_table(run_dir, "completions").num_rows
         result = {
-            "steps": args.steps, "metric_rows": end["rows"], "table_rows": table_rows, "report_ok": report.ok,
-            "logging_s": logged_s, "total_s": total_s, "max_files": max(s["files"] for s in samples),
-            "final_files": files_in(store), "agent_peak_rss_mib": max(hwm_before_close, close_peak, *(s["agent_rss_mib"] for s in samples)),
-            "read_mid": mid, "read_end": end, "readable_lag_s": {"max": max(lags), "median": sorted(lags)[len(lags) // 2]},
+            "steps": args.steps,
+            "metric_rows": end["rows"],
+            "table_rows": table_rows,
+            "report_ok": report.ok,
+            "logging_s": logged_s,
+            "total_s": total_s,
+            "max_files": max(s["files"] for s in samples),
+            "final_files": files_in(store),
+            "agent_peak_rss_mib": max(hwm_before_close, close_peak, *(s["agent_rss_mib"] for s in samples)),
+            "read_mid": mid,
+            "read_end": end,
+            "readable_lag_s": {"max": max(lags), "median": sorted(lags)[len(lags) // 2]},
         }
     print(json.dumps(result, indent=1))
     if not args.no_docs:
@@ -161,18 +177,18 @@ def write_docs(result: dict, samples: list[dict]) -> None:
     text = f"""# The embedded default over a long run
 
 Measured by `benchmarks/long_run.py` on this machine (2 cores): a real run through the agent,
-`rllog.init(report_to="parquet", flush_interval=0.02)`, {result['steps']:,} steps of 30 metrics and a 16-row completions
-table every 10 steps, logged as fast as the loop goes ({result['logging_s']:.0f} s; everything delivered
-{result['total_s']:.0f} s after the start).
+`rllog.init(report_to="parquet", flush_interval=0.02)`, {result["steps"]:,} steps of 30 metrics and a 16-row completions
+table every 10 steps, logged as fast as the loop goes ({result["logging_s"]:.0f} s; everything delivered
+{result["total_s"]:.0f} s after the start).
 
 | what | bound | measured |
 |---|---|---|
-| files in the parquet store, at any moment (sampled every 0.1 s) | <= 64 | **{result['max_files']}** (at the end: {result['final_files']}) |
-| the agent's memory, peak over the run and its close | < 300 MiB | **{result['agent_peak_rss_mib']:.0f} MiB** |
-| `rllog.read_metrics` mid-run ({mid['rows']:,} rows) / pyarrow reading one file of the same rows | <= 1.5x | **{mid['ratio']:.2f}x** ({mid['rllog_s'] * 1000:.0f} ms / {mid['pyarrow_one_file_s'] * 1000:.0f} ms) |
-| the same at the end ({end['rows']:,} rows) | <= 1.5x | **{end['ratio']:.2f}x** ({end['rllog_s'] * 1000:.0f} ms / {end['pyarrow_one_file_s'] * 1000:.0f} ms) |
-| a record readable after `log` (agent caught up; 10 probes) | about 2 flush intervals (0.04 s) | median **{result['readable_lag_s']['median'] * 1000:.0f} ms**, max {result['readable_lag_s']['max'] * 1000:.0f} ms |
-| rows read back | all | {result['metric_rows']:,} metric rows, {result['table_rows']:,} table rows; report ok: {result['report_ok']} |
+| files in the parquet store, at any moment (sampled every 0.1 s) | <= 64 | **{result["max_files"]}** (at the end: {result["final_files"]}) |
+| the agent's memory, peak over the run and its close | < 300 MiB | **{result["agent_peak_rss_mib"]:.0f} MiB** |
+| `rllog.read_metrics` mid-run ({mid["rows"]:,} rows) / pyarrow reading one file of the same rows | <= 1.5x | **{mid["ratio"]:.2f}x** ({mid["rllog_s"] * 1000:.0f} ms / {mid["pyarrow_one_file_s"] * 1000:.0f} ms) |
+| the same at the end ({end["rows"]:,} rows) | <= 1.5x | **{end["ratio"]:.2f}x** ({end["rllog_s"] * 1000:.0f} ms / {end["pyarrow_one_file_s"] * 1000:.0f} ms) |
+| a record readable after `log` (agent caught up; 10 probes) | about 2 flush intervals (0.04 s) | median **{result["readable_lag_s"]["median"] * 1000:.0f} ms**, max {result["readable_lag_s"]["max"] * 1000:.0f} ms |
+| rows read back | all | {result["metric_rows"]:,} metric rows, {result["table_rows"]:,} table rows; report ok: {result["report_ok"]} |
 
 Before this store (a Parquet part per flush, compacted at close): 767 files at peak, 532 MiB agent peak, `read_metrics`
 1.73 s for 3M rows against 0.6-0.8 s for one file.

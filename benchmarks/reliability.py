@@ -31,8 +31,13 @@ def kib(pid: int, field: str) -> int:
 
 
 def memory_with_a_tracker_down(tmp: Path, calls: int = 100_000) -> dict:
-    run = rllog.init(report_to="down,parquet", run_dir=tmp / "down", flush_interval=0.2, health=False,
-                     retry=RetryPolicy(base=0.05, cap=0.2, give_up_after=None))
+    run = rllog.init(
+        report_to="down,parquet",
+        run_dir=tmp / "down",
+        flush_interval=0.2,
+        health=False,
+        retry=RetryPolicy(base=0.05, cap=0.2, give_up_after=None),
+    )
     time.sleep(3)  # the agent has imported and opened its sinks
     before = kib(os.getpid(), "VmRSS")
     agent_start = kib(run._agent.pid, "VmRSS")
@@ -49,28 +54,37 @@ def memory_with_a_tracker_down(tmp: Path, calls: int = 100_000) -> dict:
     peak_agent = max(peak_agent, kib(run._agent.pid, "VmHWM"))
     report = run.finish(timeout=1)
     journal_mb = sum(p.stat().st_size for p in (tmp / "down" / "journal").glob("*")) / 2**20
-    return {"calls": calls, "trainer_rss_growth_mib": (after - before) / 1024, "agent_rss_after_start_mib": agent_start / 1024,
-            "agent_peak_rss_mib": peak_agent / 1024,
-            "journal_mib": journal_mb, "down_pending": report["down"].pending, "log_calls_per_s": calls / logging_s}
+    return {
+        "calls": calls,
+        "trainer_rss_growth_mib": (after - before) / 1024,
+        "agent_rss_after_start_mib": agent_start / 1024,
+        "agent_peak_rss_mib": peak_agent / 1024,
+        "journal_mib": journal_mb,
+        "down_pending": report["down"].pending,
+        "log_calls_per_s": calls / logging_s,
+    }
 
 
 STORM = ROOT / "tests" / "test_faults.py"
 
 
 def storm_drain(tmp: Path) -> dict:
+    import test_faults
     from fault_proxy import FaultProxy
     from mlflow import MlflowClient
-    from mlflow_server import start_mlflow_server, _stop
-
-    import test_faults
+    from mlflow_server import _stop, start_mlflow_server
 
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'unused.db'}"
     server, uri = start_mlflow_server(tmp / "server")
     proxy = FaultProxy(uri, retry_after="1")
     proxy.storm.set()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", test_faults.MLFLOW_STORM, str(tmp / "storm"), proxy.uri], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", test_faults.MLFLOW_STORM, str(tmp / "storm"), proxy.uri],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline().strip() == "logged"
         while proxy.rejected < 5:  # the agent has started and is being refused
             time.sleep(0.05)
@@ -92,7 +106,6 @@ def storm_drain(tmp: Path) -> dict:
 
 def sigkills(tmp: Path, trials: int = 20) -> dict:
     import pyarrow.compute as pc
-
     import test_faults
 
     rng = random.Random(1)
@@ -119,8 +132,18 @@ def _per_tracker(run_dir: Path, logged: int, tb_dir: Path) -> dict:
     acc.Reload()
     steps = [e.step for e in acc.Scalars("a")]
     return {
-        "parquet": {"logged": logged, "delivered": len(set(seqs)), "lost": logged - len(set(seqs)), "duplicated": len(seqs) - len(set(seqs))},
-        "tensorboard": {"logged": logged, "delivered": len(set(steps)), "lost": logged - len(set(steps)), "duplicated": len(steps) - len(set(steps))},
+        "parquet": {
+            "logged": logged,
+            "delivered": len(set(seqs)),
+            "lost": logged - len(set(seqs)),
+            "duplicated": len(seqs) - len(set(seqs)),
+        },
+        "tensorboard": {
+            "logged": logged,
+            "delivered": len(set(steps)),
+            "lost": logged - len(set(steps)),
+            "duplicated": len(steps) - len(set(steps)),
+        },
     }
 
 
@@ -131,7 +154,9 @@ def agent_sigkills(tmp: Path, records: int = 12_000, kills: int = 8) -> dict:
     from rllog.agent import RestartBudget
 
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(tmp / "tb_kills")
-    run = rllog.init(report_to="parquet,tensorboard", run_dir=tmp / "kills", flush_interval=0.05, health=False, system_metrics=False)
+    run = rllog.init(
+        report_to="parquet,tensorboard", run_dir=tmp / "kills", flush_interval=0.05, health=False, system_metrics=False
+    )
     run._agent.budget = RestartBudget(burst=50, refill_seconds=1.0, backoff_base=0.05, backoff_cap=0.5)
     rng, killed = random.Random(3), []
 
@@ -153,8 +178,12 @@ def agent_sigkills(tmp: Path, records: int = 12_000, kills: int = 8) -> dict:
             time.sleep(0.05)
     thread.join()
     report = run.finish(timeout=120)
-    return {"kills": len(killed), "report_ok": report.ok, "report_parquet_delivered": report["parquet"].delivered,
-            **_per_tracker(tmp / "kills", records, tmp / "tb_kills")}
+    return {
+        "kills": len(killed),
+        "report_ok": report.ok,
+        "report_parquet_delivered": report["parquet"].delivered,
+        **_per_tracker(tmp / "kills", records, tmp / "tb_kills"),
+    }
 
 
 def full_disk(tmp: Path) -> dict:
@@ -165,7 +194,9 @@ def full_disk(tmp: Path) -> dict:
         return {"skipped": "mounting a tmpfs needs root"}
     try:
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(mount / "tb")
-        run = rllog.init(report_to="parquet,tensorboard", run_dir=mount / "r", flush_interval=0.05, health=False, system_metrics=False)
+        run = rllog.init(
+            report_to="parquet,tensorboard", run_dir=mount / "r", flush_interval=0.05, health=False, system_metrics=False
+        )
         step = 0
         for phase in ("before", "full", "freed"):
             if phase == "full":
@@ -187,7 +218,11 @@ def full_disk(tmp: Path) -> dict:
         report = run.finish(timeout=120)
         from rllog import journal
 
-        return {"report_ok": report.ok, "journal_damage": journal.scan(mount / "r").damage.as_dict(), **_per_tracker(mount / "r", step, mount / "tb")}
+        return {
+            "report_ok": report.ok,
+            "journal_damage": journal.scan(mount / "r").damage.as_dict(),
+            **_per_tracker(mount / "r", step, mount / "tb"),
+        }
     finally:
         subprocess.run(["umount", "-l", str(mount)])
 
@@ -210,15 +245,28 @@ def journal_damage(tmp: Path, records: int = 10_000) -> dict:
     cli(["replay", str(run_dir), "--to", "parquet"])
     seqs = rllog.read_metrics(run_dir).column("seq").to_pylist()
     scan = journal.scan(run_dir)
-    return {"logged": records, "frames_damaged": 3, "readable": scan.records, "delivered": len(set(seqs)),
-            "lost_beyond_damaged": records - 3 - len(set(seqs)), "duplicated": len(seqs) - len(set(seqs)), "damage": scan.damage.as_dict()}
+    return {
+        "logged": records,
+        "frames_damaged": 3,
+        "readable": scan.records,
+        "delivered": len(set(seqs)),
+        "lost_beyond_damaged": records - 3 - len(set(seqs)),
+        "duplicated": len(seqs) - len(set(seqs)),
+        "damage": scan.damage.as_dict(),
+    }
 
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        results = {"agent_sigkills": agent_sigkills(tmp), "full_disk": full_disk(tmp), "journal_damage": journal_damage(tmp),
-                   "memory": memory_with_a_tracker_down(tmp), "sigkill": sigkills(tmp), "storm": storm_drain(tmp)}
+        results = {
+            "agent_sigkills": agent_sigkills(tmp),
+            "full_disk": full_disk(tmp),
+            "journal_damage": journal_damage(tmp),
+            "memory": memory_with_a_tracker_down(tmp),
+            "sigkill": sigkills(tmp),
+            "storm": storm_drain(tmp),
+        }
     print(json.dumps(results, indent=1))
 
 

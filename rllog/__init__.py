@@ -28,15 +28,28 @@ from rllog.errors import (  # noqa: F401  (re-exported)
 )
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord  # noqa: F401
 from rllog.run import FinishReport, NullRun, Run, SinkReport  # noqa: F401
-from rllog.sink import Capabilities, MetricSink  # noqa: F401
+from rllog.sink import Capabilities, MetricSink
 
 __version__ = "0.1.0"
-__all__ = ["init", "log", "log_table", "current_run", "read_metrics", "read_table", "read_alerts", "Run", "MetricSink", "Capabilities"]
+__all__ = [
+    "Capabilities",
+    "MetricSink",
+    "Run",
+    "current_run",
+    "init",
+    "log",
+    "log_table",
+    "read_alerts",
+    "read_metrics",
+    "read_table",
+]
 
 _current: Run | NullRun | None = None
 
 
-def init(report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any) -> Run | NullRun:
+def init(
+    report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any
+) -> Run | NullRun:
     """Start a run that delivers to ``report_to`` and make it the current run.
 
     Args:

@@ -23,8 +23,9 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rllog.rundir import AGENT_LOG
 
@@ -54,8 +55,15 @@ class RestartBudget:
             ``young`` seconds of its start, up to ``backoff_cap``.
     """
 
-    def __init__(self, burst: int = 5, refill_seconds: float = 60.0, backoff_base: float = 0.5, backoff_cap: float = 30.0,
-                 young: float = 10.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        burst: int = 5,
+        refill_seconds: float = 60.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        young: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.burst, self.refill_seconds = burst, refill_seconds
         self.backoff_base, self.backoff_cap, self.young = backoff_base, backoff_cap, young
         self.clock = clock
@@ -94,9 +102,16 @@ class AgentProcess:
 
     POLL_SECONDS = 0.2
 
-    def __init__(self, run_dir: Path, options: dict[str, dict[str, Any]] | None = None, budget: RestartBudget | None = None,
-                 on_stderr: Callable[[str], None] | None = None, sink_names: list[str] | None = None,
-                 system_interval: float | None = None, on_system: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        options: dict[str, dict[str, Any]] | None = None,
+        budget: RestartBudget | None = None,
+        on_stderr: Callable[[str], None] | None = None,
+        sink_names: list[str] | None = None,
+        system_interval: float | None = None,
+        on_system: Callable[[dict[str, Any]], None] | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.system_interval = system_interval
         self.on_system = on_system
@@ -117,7 +132,7 @@ class AgentProcess:
         self._watcher: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self) -> "AgentProcess":
+    def start(self) -> AgentProcess:
         self._spawn()
         self._watcher = threading.Thread(target=self._watch, name="rllog-agent-watch", daemon=True)
         self._watcher.start()
@@ -179,7 +194,16 @@ class AgentProcess:
 
         console_fd = _trainer_stdout()
         env = dict(os.environ)
-        command = [sys.executable, "-m", "rllog.agent", str(self.run_dir), "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
+        command = [
+            sys.executable,
+            "-m",
+            "rllog.agent",
+            str(self.run_dir),
+            "--follow",
+            "--parent-pid",
+            str(os.getpid()),
+            OPTIONS_FROM_STDIN,
+        ]
         passed = []
         if console_fd is not None:
             env[CONSOLE_FD_ENV] = str(console_fd)
@@ -232,8 +256,10 @@ class AgentProcess:
             cursor = CursorStore(self.run_dir, name).load()
             if cursor.state in SinkState.BROKEN:
                 self._told_failed.add(name)
-                self._say(f"rllog: delivery to {name!r} failed ({cursor.error}); its records stay in the journal "
-                          f"({self.run_dir}): `rllog replay {self.run_dir} --to {name}` once the cause is fixed")
+                self._say(
+                    f"rllog: delivery to {name!r} failed ({cursor.error}); its records stay in the journal "
+                    f"({self.run_dir}): `rllog replay {self.run_dir} --to {name}` once the cause is fixed"
+                )
 
     def _read_samples(self) -> None:
         if self._samples is None or self.on_system is None:
@@ -266,10 +292,14 @@ class AgentProcess:
                 self._check_sinks()
                 return
             wait = self.budget.wait_before_restart(time.monotonic() - self._started_at)
-            self.cause = f"the delivery agent died (exit code {code}{': ' + last if last else ''}); restarted {self.restarts} times"
+            self.cause = (
+                f"the delivery agent died (exit code {code}{': ' + last if last else ''}); restarted {self.restarts} times"
+            )
             if wait >= 5:
-                self._say(f"rllog: delivery to the trackers has stopped: the delivery agent keeps dying (exit code {code}"
-                          f"{': ' + last if last else ''}); restarting it in {wait:.0f}s. Records stay in the journal ({self.run_dir}).")
+                self._say(
+                    f"rllog: delivery to the trackers has stopped: the delivery agent keeps dying (exit code {code}"
+                    f"{': ' + last if last else ''}); restarting it in {wait:.0f}s. Records stay in the journal ({self.run_dir})."
+                )
             else:
                 log.warning("rllog: the delivery agent exited with code %s; restarting it in %.1fs", code, wait)
             if self._stopping.wait(wait):
@@ -293,7 +323,9 @@ def _last_line(path: Path) -> str:
 
 
 PRIORITY_ENV = "RLLOG_AGENT_PRIORITY"  # "idle" (default): SCHED_IDLE, raised while behind; "nice": nice 10 throughout
-LAG_MAX_SECONDS = float(os.environ.get("RLLOG_AGENT_LAG_MAX", "30"))  # behind by more: compete for the CPU again (nice 10) until caught up
+LAG_MAX_SECONDS = float(
+    os.environ.get("RLLOG_AGENT_LAG_MAX", "30")
+)  # behind by more: compete for the CPU again (nice 10) until caught up
 CAUGHT_UP_SECONDS = 2.0
 
 
@@ -311,7 +343,7 @@ class PriorityGovernor:
         self.idle = False
         self._own_tid = 0
 
-    def start(self) -> "PriorityGovernor":
+    def start(self) -> PriorityGovernor:
         if self.mode != "idle" or not hasattr(os, "SCHED_IDLE"):
             return self
         threading.Thread(target=self._run, name="rllog-priority", daemon=True).start()
@@ -349,8 +381,15 @@ class PriorityGovernor:
                 self._set(self.idle)  # threads the trackers started since get the current policy
 
 
-def serve(run_dir: str, follow: bool, parent_pid: int | None, only: list[str] | None = None, orphan_timeout: float = 600.0,
-          on_progress: Callable[[str, int], None] | None = None, options: dict[str, dict[str, Any]] | None = None) -> int:
+def serve(
+    run_dir: str,
+    follow: bool,
+    parent_pid: int | None,
+    only: list[str] | None = None,
+    orphan_timeout: float = 600.0,
+    on_progress: Callable[[str, int], None] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> int:
     """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed.
 
     ``options`` (sink name -> keyword options) override the run file's redacted copies.
@@ -410,10 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllog.agent", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("--follow", action="store_true", help="keep delivering while the journal grows, until its end marker")
-    parser.add_argument("--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
+    )
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
     parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
-    parser.add_argument("--system-metrics-fd", type=int, default=None, help="write samples of the trainer (--parent-pid) to this pipe")
+    parser.add_argument(
+        "--system-metrics-fd", type=int, default=None, help="write samples of the trainer (--parent-pid) to this pipe"
+    )
     parser.add_argument("--system-interval", type=float, default=5.0)
     args = parser.parse_args(argv)
     if args.system_metrics_fd is not None and args.parent_pid is not None:

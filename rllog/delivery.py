@@ -29,9 +29,10 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from filelock import FileLock, Timeout
 
@@ -57,8 +58,14 @@ class SinkState:
 
 
 # kept for existing imports
-WAITING, RUNNING, CLOSED, FAILED, GAVE_UP, STOPPED = (SinkState.WAITING, SinkState.RUNNING, SinkState.CLOSED,
-                                                      SinkState.FAILED, SinkState.GAVE_UP, SinkState.STOPPED)
+WAITING, RUNNING, CLOSED, FAILED, GAVE_UP, STOPPED = (
+    SinkState.WAITING,
+    SinkState.RUNNING,
+    SinkState.CLOSED,
+    SinkState.FAILED,
+    SinkState.GAVE_UP,
+    SinkState.STOPPED,
+)
 
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
@@ -85,7 +92,9 @@ class RetryPolicy:
         """Seconds to wait before retry number ``attempt`` (0-based) after ``error``."""
         if isinstance(error, RateLimited) and error.retry_after is not None:
             return error.retry_after
-        return self.random() * min(self.cap, self.base * 2.0 ** min(attempt, 64))  # 2**attempt overflows a float past ~1000 attempts
+        return self.random() * min(
+            self.cap, self.base * 2.0 ** min(attempt, 64)
+        )  # 2**attempt overflows a float past ~1000 attempts
 
     def as_dict(self) -> dict[str, Any]:
         return {"base": self.base, "cap": self.cap, "give_up_after": self.give_up_after}
@@ -115,7 +124,7 @@ class Cursor:
     time: float | None = None
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Cursor":
+    def from_dict(cls, data: dict) -> Cursor:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
@@ -166,7 +175,9 @@ class CursorStore:
 
 
 def _kind(record: Any) -> str:
-    return {MetricsRecord: "metrics", TableRecord: "table", AlertRecord: "alert", ConfigRecord: "config"}.get(type(record), type(record).__name__)
+    return {MetricsRecord: "metrics", TableRecord: "table", AlertRecord: "alert", ConfigRecord: "config"}.get(
+        type(record), type(record).__name__
+    )
 
 
 class Follower:
@@ -229,7 +240,7 @@ class Follower:
         self._damage = Damage(**self.saved.damage)
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def start(self, wait: float = 0.0) -> "Follower":
+    def start(self, wait: float = 0.0) -> Follower:
         """Take the sink's lock (waiting up to ``wait`` s for another deliverer, e.g. the agent of a run's
         previous attempt finishing its work) and start delivering on a new thread."""
         deadline = time.monotonic() + wait
@@ -347,10 +358,10 @@ class Follower:
         taken = {r.seq for part, _ in calls for r in part}
         self._durable.update(r.seq for r in todo if r.seq not in taken)  # a record no call takes is done
         for part, call in calls:
-            error = self._call(lambda: call(part), permanent_ok=True)
+            error = self._call(lambda call=call, part=part: call(part), permanent_ok=True)
             if error is not None and len(part) > 1 and self.state == SinkState.RUNNING:  # find the bad record(s)
                 for record in part:
-                    one = self._call(lambda record=record: call([record]), permanent_ok=True)
+                    one = self._call(lambda call=call, record=record: call([record]), permanent_ok=True)
                     if not self._accepted([record], one):
                         return False
             elif not self._accepted(part, error):
@@ -388,7 +399,13 @@ class Follower:
             if len(self.saved.dead_letters) < DEAD_LETTERS_KEPT:
                 self.saved.dead_letters.append({"seq": record.seq, "step": record.step, "kind": _kind(record), "error": error})
             self._durable.add(record.seq)
-            log.error("rllog: sink %r rejected record seq %d (step %d) for good: %s; it is in the dead-letter list, delivery goes on", self.name, record.seq, record.step, error)
+            log.error(
+                "rllog: sink %r rejected record seq %d (step %d) for good: %s; it is in the dead-letter list, delivery goes on",
+                self.name,
+                record.seq,
+                record.step,
+                error,
+            )
         self._suspects = []
 
     def _flush(self) -> bool:

@@ -41,9 +41,10 @@ import threading
 import time
 import zlib
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import Any
 
 import pyarrow as pa
 
@@ -77,7 +78,7 @@ class End:
         return not later or later[-1].name == self.segment or not self.segment
 
 
-Record = Union[MetricsRecord, TableRecord, AlertRecord, ConfigRecord]
+Record = MetricsRecord | TableRecord | AlertRecord | ConfigRecord
 
 
 @dataclass
@@ -111,6 +112,7 @@ def segments(directory: Path) -> list[Path]:
 
 # -- encoding ------------------------------------------------------------------------------------
 
+
 def frame(kind: int, seq: int, payload: bytes) -> bytes:
     prefix = _PREFIX.pack(MAGIC, kind, 0, 0, seq, len(payload))
     head_crc = zlib.crc32(prefix)
@@ -130,7 +132,15 @@ def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> b
 
 
 def encode_alert(a: AlertRecord) -> bytes:
-    fields = {"step": a.step, "time": a.time, "rule": a.rule, "metric": a.metric, "value": a.value, "message": a.message, "level": a.level}
+    fields = {
+        "step": a.step,
+        "time": a.time,
+        "rule": a.rule,
+        "metric": a.metric,
+        "value": a.value,
+        "message": a.message,
+        "level": a.level,
+    }
     return frame(KIND_ALERT, a.seq, json.dumps(fields).encode())
 
 
@@ -162,7 +172,7 @@ def _decode(kind: int, seq: int, payload: bytes) -> Record | End:
 
 def _header_at(buf: bytes | memoryview, pos: int) -> tuple[int, int, int, int] | None:
     """``(kind, seq, length, crc)`` of a header with a valid checksum at ``pos``, else None."""
-    magic, kind, flags, reserved, seq, length, head_crc, crc = HEADER.unpack_from(buf, pos)
+    magic, kind, _flags, _reserved, seq, length, head_crc, crc = HEADER.unpack_from(buf, pos)
     if magic != MAGIC or zlib.crc32(buf[pos : pos + _PREFIX.size]) != head_crc:
         return None
     if kind not in KINDS or length > MAX_FRAME:
@@ -171,6 +181,7 @@ def _header_at(buf: bytes | memoryview, pos: int) -> tuple[int, int, int, int] |
 
 
 # -- writing -------------------------------------------------------------------------------------
+
 
 def _materialise_tensors(entries: list[PendingMetrics]) -> None:
     """Copy every pending tensor to the host in one transfer per device (one sync per flush).
@@ -195,7 +206,12 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
                 try:
                     flat.extend(entry.tensors.tolist())
                 except Exception as exc:
-                    log.error("rllog journal: cannot copy the tensors of step %d to the host (%s); storing NaN for %s", entry.step, exc, list(entry.tensor_keys))
+                    log.error(
+                        "rllog journal: cannot copy the tensors of step %d to the host (%s); storing NaN for %s",
+                        entry.step,
+                        exc,
+                        list(entry.tensor_keys),
+                    )
                     flat.extend([float("nan")] * len(entry.tensor_keys))
         i = 0
         for entry in group:
@@ -240,7 +256,13 @@ class JournalWriter:
     writing works again).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, write_interval: float = 0.5, next_seq: int = 1, on_written: Callable[[list[PendingMetrics]], None] | None = None):
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        write_interval: float = 0.5,
+        next_seq: int = 1,
+        on_written: Callable[[list[PendingMetrics]], None] | None = None,
+    ):
         self.directory = journal_dir(run_dir)
         self.write_interval = write_interval
         self._pending: collections.deque = collections.deque()
@@ -384,7 +406,12 @@ class JournalWriter:
     def _failed(self, exc: OSError) -> None:
         if self.error is None or self.error.errno != exc.errno:
             what = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else str(exc)
-            log.error("rllog journal: cannot write (%s); %d records kept in memory and retried every %.2fs (nothing is dropped)", what, self.backlog, self.write_interval)
+            log.error(
+                "rllog journal: cannot write (%s); %d records kept in memory and retried every %.2fs (nothing is dropped)",
+                what,
+                self.backlog,
+                self.write_interval,
+            )
         self.error = exc
         if not self._abandon.is_set():
             time.sleep(self.write_interval)  # the wait of the loop is cut short by wake(): back off here
@@ -404,6 +431,7 @@ class JournalWriter:
 
 
 # -- reading -------------------------------------------------------------------------------------
+
 
 @dataclass
 class Damage:
@@ -478,7 +506,10 @@ class JournalReader:
         return True
 
     def _later_segment_exists(self) -> bool:
-        return any(p not in self._done and p != self._path and _segment_key(p) > _segment_key(self._path) for p in segments(self.directory))
+        return any(
+            p not in self._done and p != self._path and _segment_key(p) > _segment_key(self._path)
+            for p in segments(self.directory)
+        )
 
     def read(self, max_records: int = 1000, final: bool = False) -> list:
         """Return up to ``max_records`` complete records after the cursor (an ``End`` marker included).
@@ -509,7 +540,12 @@ class JournalReader:
         n = size - self._offset
         if why == "damaged":
             self.damage.damaged_bytes += n
-            log.warning("rllog journal: %s: skipping %d damaged bytes at offset %d (no valid frame after them)", self._path, n, self._offset)
+            log.warning(
+                "rllog journal: %s: skipping %d damaged bytes at offset %d (no valid frame after them)",
+                self._path,
+                n,
+                self._offset,
+            )
         else:
             self.damage.torn_bytes += n
             log.warning("rllog journal: %s: skipping a torn tail of %d bytes (a writer killed mid-write)", self._path, n)
@@ -551,7 +587,12 @@ class JournalReader:
                 if nxt is None:
                     return pos, "damaged"
                 self.damage.damaged_bytes += nxt - pos
-                log.warning("rllog journal: %s: damaged bytes at offset %d; resynchronised %d bytes later", self._path, self._offset + pos, nxt - pos)
+                log.warning(
+                    "rllog journal: %s: damaged bytes at offset %d; resynchronised %d bytes later",
+                    self._path,
+                    self._offset + pos,
+                    nxt - pos,
+                )
                 pos = nxt
                 continue
             kind, seq, length, crc = head

@@ -6,9 +6,10 @@ reader, never by user code, and are never mutated.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow as pa
 

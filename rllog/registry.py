@@ -13,9 +13,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Iterable
+from typing import Any
 
 from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
 from rllog.sink import MetricSink, sink_problem

@@ -19,22 +19,35 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from rllog import distributed
+from rllog import distributed, journal
 from rllog.delivery import Follower, RetryPolicy
 from rllog.errors import ForkedChild, InvalidArgument, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
 from rllog.records import STATUSES, AlertRecord, ConfigRecord, RunInfo, TableRecord
 from rllog.registry import parse_report_to
-from rllog import journal
-from rllog.rundir import FinishReport, RunFile, RunLock, SinkReport, SinkSpec, claim, default_run_dir, find_run, holds_run, load_run_info, report
+from rllog.rundir import (
+    FinishReport,
+    RunFile,
+    RunLock,
+    SinkReport,
+    SinkSpec,
+    claim,
+    default_run_dir,
+    find_run,
+    holds_run,
+    load_run_info,
+    report,
+)
 from rllog.values import TableSchemas, check_step, flatten_config, normalise_metrics, redact, stack_scalars, to_arrow_table
 
-__all__ = ["Run", "NullRun", "FinishReport", "SinkReport", "load_run_info", "report"]
+__all__ = ["FinishReport", "NullRun", "Run", "SinkReport", "load_run_info", "report"]
 
 log = logging.getLogger("rllog")
+
 
 def _to_host(tensors: dict[str, Any]) -> dict[str, float]:
     """One-element tensors -> floats with one device-to-host copy."""
@@ -87,7 +100,7 @@ class RunBase:
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
         raise NotImplementedError
 
-    def __enter__(self) -> "RunBase":
+    def __enter__(self) -> RunBase:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -135,7 +148,9 @@ def _takes_tables(selected: list) -> bool:
 
 
 RESUME_MODES = ("allow", "must", "never")
-SYSTEM_METRICS_ENV = "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
+SYSTEM_METRICS_ENV = (
+    "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
+)
 
 
 def _system_interval(system_metrics: bool | float | None) -> float | None:
@@ -144,7 +159,9 @@ def _system_interval(system_metrics: bool | float | None) -> float | None:
 
     if system_metrics is None:
         env = os.environ.get(SYSTEM_METRICS_ENV, "").strip().lower()
-        system_metrics = False if env in ("0", "false", "off", "no") else (float(env) if env.replace(".", "", 1).isdigit() else True)
+        system_metrics = (
+            False if env in ("0", "false", "off", "no") else (float(env) if env.replace(".", "", 1).isdigit() else True)
+        )
     if system_metrics is True:
         return DEFAULT_INTERVAL
     if system_metrics is False or system_metrics is None:
@@ -168,8 +185,12 @@ def _check_resume(resume: Any, run_id: Any) -> str:
 def _check_options(flush_interval: Any, max_pending: Any, delivery: Any) -> float:
     if delivery not in ("process", "thread"):
         raise InvalidArgument(f"delivery must be 'process' or 'thread', got {delivery!r}")
-    if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) or not math.isfinite(flush_interval) \
-            or not 0 < flush_interval <= 3600:
+    if (
+        isinstance(flush_interval, bool)
+        or not isinstance(flush_interval, (int, float))
+        or not math.isfinite(flush_interval)
+        or not 0 < flush_interval <= 3600
+    ):
         raise InvalidArgument(f"flush_interval must be a number of seconds in (0, 3600], got {flush_interval!r}")
     if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
         raise InvalidArgument(f"max_pending must be a positive int, got {max_pending!r}")
@@ -214,10 +235,16 @@ class Run(RunBase):
         selected = parse_report_to(report_to)
         super().__init__(reduce_across_ranks)
         self._takes_tables = _takes_tables(selected) if self._distributed else True
-        existing = Path(run_dir) if run_dir is not None and holds_run(Path(run_dir)) else (find_run(run_id) if run_id and run_dir is None else None)
+        existing = (
+            Path(run_dir)
+            if run_dir is not None and holds_run(Path(run_dir))
+            else (find_run(run_id) if run_id and run_dir is None else None)
+        )
         self.resumed = existing is not None and resume != "never"
         if resume == "must" and not self.resumed:
-            raise RunDirError(f"resume='must' but there is no run to resume ({'run_dir ' + str(run_dir) if run_dir else 'run_id ' + str(run_id)})")
+            raise RunDirError(
+                f"resume='must' but there is no run to resume ({'run_dir ' + str(run_dir) if run_dir else 'run_id ' + str(run_id)})"
+            )
         next_seq, attempts, config_flat = 1, [], flatten_config(config)
         if self.resumed:
             assert existing is not None
@@ -229,7 +256,9 @@ class Run(RunBase):
                 raise RunDirError(f"{self.run_dir} holds run {previous.run_id!r}, not {run_id!r}")
             project, name, run_id, tags = previous.project, previous.name, previous.run_id, tuple(tags) or tuple(previous.tags)
             config_flat = {**previous.config, **config_flat}
-            attempts = list(previous.attempts) or [{"attempt": 1, "first_seq": 1, "started": previous.started, "pid": previous.pid}]
+            attempts = list(previous.attempts) or [
+                {"attempt": 1, "first_seq": 1, "started": previous.started, "pid": previous.pid}
+            ]
             next_seq = journal.scan(self.run_dir).last_seq + 1
             self._step = journal.last_step(self.run_dir)
         else:
@@ -237,9 +266,18 @@ class Run(RunBase):
             self.run_dir = claim(Path(run_dir) if run_dir is not None else default_run_dir(name, run_id))
             self._run_lock = RunLock(self.run_dir).acquire(f"cannot start a run in {self.run_dir}")
         self.attempt = len(attempts) + 1
-        self._attempts = attempts + [{"attempt": self.attempt, "first_seq": next_seq, "started": time.time(), "pid": os.getpid()}]
-        self.info = RunInfo(project, name or f"run-{run_id}", str(self.run_dir), run_id, config_flat, tuple(tags),
-                            attempt_starts=tuple(a["first_seq"] for a in self._attempts), program=_program(), args=tuple(sys.argv[1:]))
+        self._attempts = [*attempts, {"attempt": self.attempt, "first_seq": next_seq, "started": time.time(), "pid": os.getpid()}]
+        self.info = RunInfo(
+            project,
+            name or f"run-{run_id}",
+            str(self.run_dir),
+            run_id,
+            config_flat,
+            tuple(tags),
+            attempt_starts=tuple(a["first_seq"] for a in self._attempts),
+            program=_program(),
+            args=tuple(sys.argv[1:]),
+        )
         self.delivery = delivery
         self.retry = retry or RetryPolicy()
         from rllog.registry import resolve
@@ -253,7 +291,9 @@ class Run(RunBase):
         self.max_pending = max_pending
         self._backpressure_warned = False
         self._monitor = _health_monitor(health)
-        self._writer = JournalWriter(self.run_dir, self.flush_interval / 2, next_seq=next_seq, on_written=self._check_health if self._monitor else None)
+        self._writer = JournalWriter(
+            self.run_dir, self.flush_interval / 2, next_seq=next_seq, on_written=self._check_health if self._monitor else None
+        )
         self._lock = threading.Lock()
         self._seq = next_seq - 1
         self._finishing: threading.Event | None = None
@@ -266,11 +306,16 @@ class Run(RunBase):
         if self._named and delivery == "process":
             from rllog.agent import AgentProcess
 
-            self._agent = AgentProcess(self.run_dir, {n: options.get(n, {}) for n in self._named}, sink_names=self._named,
-                                       system_interval=_system_interval(system_metrics), on_system=self._log_system).start()
+            self._agent = AgentProcess(
+                self.run_dir,
+                {n: options.get(n, {}) for n in self._named},
+                sink_names=self._named,
+                system_interval=_system_interval(system_metrics),
+                on_system=self._log_system,
+            ).start()
         else:
             self._followers += [self._follower(n, _factory(n, options.get(n))) for n in self._named]
-        self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named):], self._objects, strict=True)]
+        self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named) :], self._objects, strict=True)]
         for follower in self._followers:
             follower.start()
         _live_runs.add(self)
@@ -439,23 +484,42 @@ class Run(RunBase):
             for draft in self._monitor.observe(entry.step, entry.values):
                 with self._lock:
                     self._seq += 1
-                    alert = AlertRecord(self._seq, draft.step, time.time(), draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
+                    alert = AlertRecord(
+                        self._seq,
+                        draft.step,
+                        time.time(),
+                        draft.rule,
+                        draft.metric,
+                        float(draft.value),
+                        draft.message,
+                        draft.level,
+                    )
                     self._writer.append(alert)
-                log.log(logging.ERROR if draft.level == "error" else logging.WARNING, "rllog alert [%s] step %d: %s", draft.rule, draft.step, draft.message)
+                log.log(
+                    logging.ERROR if draft.level == "error" else logging.WARNING,
+                    "rllog alert [%s] step %d: %s",
+                    draft.rule,
+                    draft.step,
+                    draft.message,
+                )
 
     def _wait_for_journal(self) -> None:
         """Backpressure: the writer is ``max_pending`` records behind (a stalled or full disk); wait rather than drop."""
         if not self._backpressure_warned:
             self._backpressure_warned = True
-            log.warning("rllog: the journal writer is %d records behind; log() waits for it (nothing is dropped)", self._writer.backlog)
+            log.warning(
+                "rllog: the journal writer is %d records behind; log() waits for it (nothing is dropped)", self._writer.backlog
+            )
         self._writer.wake()
         while self._writer.backlog > self.max_pending // 2 and self._writer.alive:
             time.sleep(0.001)
 
     def _check_open(self) -> None:
         if self._forked:
-            raise ForkedChild(f"run {self.info.name!r} was started in process {self._pid}; this is a forked child ({os.getpid()}): "
-                              "log from the parent process (return the values to it)")
+            raise ForkedChild(
+                f"run {self.info.name!r} was started in process {self._pid}; this is a forked child ({os.getpid()}): "
+                "log from the parent process (return the values to it)"
+            )
         if self._finishing is not None:
             raise RunFinished(f"run {self.info.name!r} has finished; start a new one with rllog.init()")
 
@@ -519,7 +583,7 @@ def _factory(name: str, options: Mapping[str, Any] | None) -> Callable[[], Any]:
     return lambda: registry.create(name, dict(options or {}))
 
 
-_live_runs: "weakref.WeakSet[Run]" = weakref.WeakSet()
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _previous_sigterm: Any = None
 
 

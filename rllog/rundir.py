@@ -53,14 +53,25 @@ class RunFile:
     sinks: list[SinkSpec] = field(default_factory=list)
     pid: int | None = None
     started: float | None = None
-    attempts: list[dict[str, Any]] = field(default_factory=list)  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
+    attempts: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
     program: str = ""  # the trainer's sys.argv[0] and arguments (trackers that show a run's command use them)
     args: list[str] = field(default_factory=list)
 
     def run_info(self, run_dir: str | os.PathLike) -> RunInfo:
         starts = tuple(sorted(a["first_seq"] for a in self.attempts)) or (1,)
-        return RunInfo(self.project, self.name, str(Path(run_dir).resolve()), self.run_id, self.config, tuple(self.tags),
-                       attempt_starts=starts, program=self.program, args=tuple(self.args))
+        return RunInfo(
+            self.project,
+            self.name,
+            str(Path(run_dir).resolve()),
+            self.run_id,
+            self.config,
+            tuple(self.tags),
+            attempt_starts=starts,
+            program=self.program,
+            args=tuple(self.args),
+        )
 
     def write(self, run_dir: str | os.PathLike) -> None:
         path = Path(run_dir) / RUN_FILE
@@ -69,7 +80,7 @@ class RunFile:
         os.replace(tmp, path)
 
     @classmethod
-    def read(cls, run_dir: str | os.PathLike) -> "RunFile":
+    def read(cls, run_dir: str | os.PathLike) -> RunFile:
         data = json.loads((Path(run_dir) / RUN_FILE).read_text())
         data["sinks"] = [SinkSpec(s["name"], s.get("options") or {}) for s in data.get("sinks", [])]
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
@@ -112,7 +123,7 @@ class RunLock:
 
         self._lock = FileLock(str(run_dir / "run.lock"), thread_local=False)
 
-    def acquire(self, what: str) -> "RunLock":
+    def acquire(self, what: str) -> RunLock:
         from filelock import Timeout
 
         try:
@@ -185,7 +196,14 @@ class FinishReport(dict):
         notes: run-level facts a user must see (the agent kept dying, the disk was full, ...).
     """
 
-    def __init__(self, *args: Any, records: int = 0, unwritten: int = 0, journal_damage: journal.Damage | None = None, notes: list[str] | None = None):
+    def __init__(
+        self,
+        *args: Any,
+        records: int = 0,
+        unwritten: int = 0,
+        journal_damage: journal.Damage | None = None,
+        notes: list[str] | None = None,
+    ):
         super().__init__(*args)
         self.records = records
         self.unwritten = unwritten
@@ -203,8 +221,15 @@ class FinishReport(dict):
         return "\n".join(lines + self.notes)
 
 
-def report(run_dir: str | os.PathLike, sink_names: list[str] | None = None, *, unwritten: int = 0, notes: list[str] | None = None,
-           cause: str | None = None, upto: int | None = None) -> FinishReport:
+def report(
+    run_dir: str | os.PathLike,
+    sink_names: list[str] | None = None,
+    *,
+    unwritten: int = 0,
+    notes: list[str] | None = None,
+    cause: str | None = None,
+    upto: int | None = None,
+) -> FinishReport:
     """Delivery state of every sink of ``run_dir``, from the journal (every frame verified) and the cursors.
 
     Args:

@@ -28,8 +28,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 

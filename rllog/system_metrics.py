@@ -81,7 +81,9 @@ class SystemSampler:
         readings = {
             "utilization": lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
             "memory_used_mb": lambda: nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
-            "memory_percent": lambda: 100.0 * nvml.nvmlDeviceGetMemoryInfo(handle).used / nvml.nvmlDeviceGetMemoryInfo(handle).total,
+            "memory_percent": lambda: (
+                100.0 * nvml.nvmlDeviceGetMemoryInfo(handle).used / nvml.nvmlDeviceGetMemoryInfo(handle).total
+            ),
             "power_watts": lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
             "temperature_c": lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU),
         }

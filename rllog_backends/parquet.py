@@ -32,8 +32,9 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,9 +45,21 @@ from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
 from rllog_backends.parquet_store import PartStore
 
-METRICS_SCHEMA = pa.schema([("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())])
-ALERTS_SCHEMA = pa.schema([("step", pa.int64()), ("seq", pa.int64()), ("time", pa.float64()), ("rule", pa.string()), ("metric", pa.string()),
-                           ("value", pa.float64()), ("message", pa.string()), ("level", pa.string())])
+METRICS_SCHEMA = pa.schema(
+    [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
+)
+ALERTS_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("seq", pa.int64()),
+        ("time", pa.float64()),
+        ("rule", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("message", pa.string()),
+        ("level", pa.string()),
+    ]
+)
 DEFAULT_DIRECTORY = "parquet"
 META_FILE = "meta.json"
 
@@ -69,6 +82,7 @@ def read_parts(directory: Path) -> pa.Table | None:
 
 
 # -- reading a run's files -------------------------------------------------------------------------
+
 
 def _run_file(run_dir: Path) -> dict:
     try:
@@ -164,6 +178,7 @@ def table_names(run_dir: str | os.PathLike) -> list[str]:
 
 # -- writing ---------------------------------------------------------------------------------------
 
+
 class ParquetSink:
     """Writes metrics and tables as Parquet files under ``RUN_DIR/parquet`` (or ``directory``).
 
@@ -195,8 +210,14 @@ class ParquetSink:
             self.directory = Path(run_info.run_dir) / DEFAULT_DIRECTORY
         with _disk_errors():
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._meta = {"project": run_info.project, "name": run_info.name, "run_id": run_info.run_id, "config": dict(run_info.config),
-                          "tags": list(run_info.tags), "status": "running"}
+            self._meta = {
+                "project": run_info.project,
+                "name": run_info.name,
+                "run_id": run_info.run_id,
+                "config": dict(run_info.config),
+                "tags": list(run_info.tags),
+                "status": "running",
+            }
             previous = self.directory / META_FILE
             if previous.exists():  # a resumed run or a replay: keep the config updates delivered before
                 try:
@@ -232,7 +253,9 @@ class ParquetSink:
         table = table.add_column(1, "_seq", pa.repeat(pa.scalar(record.seq, pa.int64()), n))
         known = [store.schema] if store.schema is not None else []
         try:  # a column's type that cannot be promoted is refused here, so this record alone is rejected (dead-lettered)
-            pa.unify_schemas([*known, *(t.schema for t in self._tables.get(record.name, [])), table.schema], promote_options="permissive")
+            pa.unify_schemas(
+                [*known, *(t.schema for t in self._tables.get(record.name, [])), table.schema], promote_options="permissive"
+            )
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise InvalidTable(f"table {record.name!r}: a column's type changed from earlier steps: {exc}") from exc
         self._tables.setdefault(record.name, []).append(table)
@@ -244,8 +267,18 @@ class ParquetSink:
 
     def write_alert(self, record: AlertRecord) -> None:
         if record.seq > self._store("alerts").written_seq:
-            self._alerts.append({"step": record.step, "seq": record.seq, "time": record.time, "rule": record.rule, "metric": record.metric,
-                                 "value": record.value, "message": record.message, "level": record.level})
+            self._alerts.append(
+                {
+                    "step": record.step,
+                    "seq": record.seq,
+                    "time": record.time,
+                    "rule": record.rule,
+                    "metric": record.metric,
+                    "value": record.value,
+                    "message": record.message,
+                    "level": record.level,
+                }
+            )
 
     def flush(self) -> None:
         """Append what is buffered to each directory's tail and hand it to the OS; each buffer is emptied once appended."""
@@ -255,13 +288,16 @@ class ParquetSink:
                 self._alerts = []
             if self._rows:
                 columns = list(zip(*self._rows, strict=True))
-                table = pa.Table.from_arrays([pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)], schema=METRICS_SCHEMA)
+                table = pa.Table.from_arrays(
+                    [pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)], schema=METRICS_SCHEMA
+                )
                 self._store("metrics").append(table)
                 self._rows = []
             for name in list(self._tables):
                 tables = self._tables[name]
                 self._store("tables", table_dir_name(name), seq_column="_seq").append(
-                    pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0])
+                    pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+                )
                 del self._tables[name]
             for store in self._stores.values():
                 store.flush()

@@ -71,7 +71,9 @@ def _live(files: list[_File]) -> list[_File]:
         if f.is_tail:
             covered = any(p.first <= f.first <= p.last for p in parts)
         else:
-            covered = any(p is not f and p.first <= f.first and f.last <= p.last and (p.last - p.first) > (f.last - f.first) for p in parts)
+            covered = any(
+                p is not f and p.first <= f.first and f.last <= p.last and (p.last - p.first) > (f.last - f.first) for p in parts
+            )
         if not covered:
             live.append(f)
     return sorted(live, key=lambda f: f.first)
@@ -168,7 +170,11 @@ class PartStore:
             self.written_seq = max(self.written_seq, f.last)
             if not f.is_tail:
                 part_schema = pq.read_schema(f.path)
-                self.schema = part_schema if self.schema is None else pa.unify_schemas([self.schema, part_schema], promote_options="permissive")
+                self.schema = (
+                    part_schema
+                    if self.schema is None
+                    else pa.unify_schemas([self.schema, part_schema], promote_options="permissive")
+                )
         self._opened = True
 
     def append(self, table: pa.Table) -> None:
@@ -176,7 +182,9 @@ class PartStore:
         if not table.num_rows:
             return
         self.open()
-        schema = table.schema if self.schema is None else pa.unify_schemas([self.schema, table.schema], promote_options="permissive")
+        schema = (
+            table.schema if self.schema is None else pa.unify_schemas([self.schema, table.schema], promote_options="permissive")
+        )
         if self._tail is not None and not schema.equals(self._tail_schema):
             self.roll()  # a stream has one schema: a new column or a promoted type starts a new tail
         self.schema = schema

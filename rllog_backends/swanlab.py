@@ -207,7 +207,7 @@ class SwanLabSink:
         self._run: Any = None
         self._written = _Written()
         self._logged = {"scalar": 0, "media": 0}  # the highest SwanLab step handed to run.log, per kind
-        self._last_seq = 0
+        self._last_seq = {"metrics": 0, "table": 0}  # per call kind, the last record taken (a repeated call skips it)
         self._last_step: dict[str, int] = {}  # per key, the rllog step of its last point in this session
         self._was_quiet: bool | None = None
 
@@ -226,7 +226,7 @@ class SwanLabSink:
         self._silence(True)
         self._written = _Written()
         self._logged = {"scalar": 0, "media": 0}
-        self._last_seq = 0
+        self._last_seq = {"metrics": 0, "table": 0}
         self._last_step = {}
         with map_errors("swanlab"):
             self._run = swanlab.init(
@@ -271,7 +271,7 @@ class SwanLabSink:
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
         for record in records:
-            if record.seq <= self._last_seq or not record.values:  # taken by an earlier attempt of this call
+            if record.seq <= self._last_seq["metrics"] or not record.values:  # taken by an earlier attempt of this call
                 continue
             row: dict[str, Any] = {}
             for key, value in record.values.items():
@@ -281,10 +281,11 @@ class SwanLabSink:
                 self._last_step[name] = record.step
                 row[name] = float(value)
             self._log(run, row, record, "scalar")
+            self._last_seq["metrics"] = record.seq
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()
-        if record.seq <= self._last_seq:
+        if record.seq <= self._last_seq["table"]:
             return
         import swanlab
 
@@ -293,6 +294,7 @@ class SwanLabSink:
         rows = [[_cell(row.get(c)) for c in record.table.column_names] for row in record.table.to_pylist()]
         table.add(headers=columns, rows=rows)
         self._log(run, {swanlab_key(record.name, self.step_key): table}, record, "media")
+        self._last_seq["table"] = record.seq
 
     def _log(self, run: Any, row: dict[str, Any], record: MetricsRecord | TableRecord, kind: str) -> None:
         row[self.step_key] = record.step
@@ -300,7 +302,6 @@ class SwanLabSink:
             run.log(row, step=record.seq)
         self._logged["scalar"] = max(self._logged["scalar"], record.seq)  # the step key is always a scalar
         self._logged[kind] = max(self._logged[kind], record.seq)
-        self._last_seq = record.seq
 
     def write_config(self, record: ConfigRecord) -> None:
         """Config given after ``open`` (``Run.update_config``): SwanLab rewrites ``files/config.yaml`` at once."""

@@ -1,14 +1,19 @@
 """TensorBoard backend: event files written with the ``tensorboard`` package alone (no torch, no TF).
 
-What goes where (``logdir`` is ``$TENSORBOARD_LOGGING_DIR/<run name>`` when that variable is set,
-else ``<run_dir>/tensorboard``)::
+What goes where (``logdir`` is the ``logdir`` option, else ``$TENSORBOARD_LOGGING_DIR/<run name>``
+when that variable is set, else the directory an earlier session of the run used, else
+``<run_dir>/tensorboard``; remembered in ``RUN_DIR/trackers/tensorboard.json``)::
 
     <metric key>                  scalar (float32) at the record's step, wall time = the record's time
     <table name>/text_summary     a Markdown table (text plugin) at the table's step
-    config/text_summary           the config as a Markdown table, at step 0
-    _hparams_/session_start_info  the config for the HPARAMS dashboard (hparams plugin)
+    config/text_summary           the config as a Markdown table, at step 0; after ``Run.update_config``,
+                                  the whole config again at the update's step, with a column
+                                  "set at step" for the values set after the start
+    _hparams_/session_start_info  the config for the HPARAMS dashboard (hparams plugin), written once:
+                                  TensorBoard keeps a run's first session info, so later updates show
+                                  in the config text only
     status/text_summary           "finished" / "failed" / "killed", written by ``close``
-    out_of_order[_N]/             values whose step went backwards (below)
+    out_of_order[_N]/             values whose step went backwards within an attempt (below)
 
 Events are built as protos and framed with ``tensorboard.summary.writer.record_writer.RecordWriter``
 (what ``EventFileWriter`` uses underneath), then appended to the event file by the sink itself.
@@ -29,6 +34,17 @@ goes to ``out_of_order_2``, ...): every run keeps increasing steps per tag, noth
 late point shows as a second series on the same chart. An equal step stays in the run (TensorBoard
 shows the last value written at that step; the event file keeps both).
 
+Resumed runs: when a later attempt (``run_info.attempt_starts``) restarts at a step at or below the
+highest step already written (a job resumed from an earlier checkpoint), what the earlier attempts wrote
+from that step on is superseded. The sink writes TensorBoard's own restart marker, an event with
+``session_log.status = START`` at that step, into the run and each ``out_of_order`` layer, and the
+attempt's points go to the run as usual. TensorBoard's Python loader (``EventAccumulator``,
+``tensorboard --load_fast=false``) then drops every earlier point at or after that step; the default
+Rust data server drops them per tag, as soon as the attempt writes that tag again. The attempt's first
+record decides, unless it holds only ``system/...`` metrics (sampled at the previous attempt's last step
+before the trainer logs its own). Each attempt's decision is marked in the run (``session_log.msg``
+``rllog attempt <n> ...``) so a reopened sink does not decide twice.
+
 Read back with::
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -39,6 +55,7 @@ Read back with::
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import html
 import io
@@ -51,15 +68,20 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
+from rllog.system_metrics import PREFIX as SYSTEM_PREFIX
+from rllog_backends._conventions import Remembered, env, first
 
 TEXT_SUFFIX = "/text_summary"
 CONFIG_TAG = "config" + TEXT_SUFFIX
 STATUS_TAG = "status" + TEXT_SUFFIX
 RESERVED_TABLE_NAMES = ("config", "status")
 OUT_OF_ORDER = "out_of_order"
+HPARAMS_TAG_PREFIX = "_hparams_/"
+SET_AT = "set at step"  # the config text's column for values set after the start
+ATTEMPT_MARK = re.compile(r"^rllog attempt (\d+) ")  # session_log.msg of an attempt's decision
 ELLIPSIS = "\u2026"
 _FILE_IDS = itertools.count()
 
@@ -176,7 +198,7 @@ class TensorBoardSink:
 
     Args:
         logdir: the run's log directory. Default ``$TENSORBOARD_LOGGING_DIR/<run name>`` if that
-            variable is set, else ``<run_dir>/tensorboard``.
+            variable is set, else the directory of an earlier session of the run, else ``<run_dir>/tensorboard``.
         max_cell_chars: table cells longer than this are shortened (with "…" and a note under the
             table); ``None`` keeps them whole.
         hparams: also write the config for TensorBoard's HPARAMS dashboard (and the run's end status
@@ -198,32 +220,45 @@ class TensorBoardSink:
         self.hparams = hparams
         self._layers: list[_Layer] = []
         self._last_step = 0
+        self._high: int | None = None  # highest step of any point written (None: none yet)
+        self._attempt_starts: tuple[int, ...] = (1,)
+        self._decided: set[int] = set()  # attempts whose restart was decided (marked in the run)
+        self._config: dict[str, Any] = {}  # the config so far (this session's values keep their types)
+        self._config_rows: dict[str, tuple[str, str]] = {}  # key -> (value text, "set at step" text), as shown
+        self._config_shown = False  # the run has a config text (a reopen shows only what changed)
+        self._hparams_written = False
+        self._trial_id = ""
 
     def open(self, run_info: RunInfo) -> None:
-        if self.logdir is None:
-            base = os.environ.get("TENSORBOARD_LOGGING_DIR")
-            self.logdir = os.path.join(base, run_info.name) if base else os.path.join(run_info.run_dir, "tensorboard")
+        remembered = Remembered(run_info.run_dir, "tensorboard", run_info.run_id)
+        base = env("TENSORBOARD_LOGGING_DIR")
+        self.logdir = first(
+            self.logdir,
+            os.path.join(base, run_info.name) if base else None,
+            remembered.get("logdir"),
+            os.path.join(run_info.run_dir, "tensorboard"),
+        )
+        remembered.save(logdir=self.logdir)
+        self._attempt_starts = tuple(sorted(run_info.attempt_starts)) or (1,)
+        self._trial_id = run_info.run_id
         self._layers = [_Layer(self._layer_path(0))]
         self._recover()
         for layer in self._layers:
             layer.commit()  # what the files already hold is the starting point of a roll-back
-        main = self._layers[0]
-        config = dict(run_info.config)
-        text = markdown_table(["key", "value"], [{"key": k, "value": v} for k, v in config.items()])
-        main.add_event(_text_event(CONFIG_TAG, text, step=0, wall_time=time.time()))
-        if self.hparams:
-            from tensorboard.compat.proto import event_pb2
-            from tensorboard.plugins.hparams import summary_v2 as hp
+        self._open_config(dict(run_info.config))
+        self.flush()
 
-            values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in config.items()}
-            summary = hp.hparams_pb(values, trial_id=run_info.run_id)
-            main.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
+    def write_config(self, record: ConfigRecord) -> None:
+        """Config given after ``open``: the whole config again at the update's step (text plugin), the
+        updated values marked with their step; the HPARAMS dashboard gets it if it had no config yet."""
+        self._set_config(dict(record.values), record.step, record.time)
         self.flush()
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         for r in records:
+            self._decide_attempt(r, r.values)
             by_layer: dict[int, list] = {}
             for key, value in r.values.items():
                 by_layer.setdefault(self._layer_for(key, r.step), []).append(
@@ -233,14 +268,15 @@ class TensorBoardSink:
                 self._layers[i].add_event(
                     event_pb2.Event(wall_time=r.time, step=r.step, summary=summary_pb2.Summary(value=values))
                 )
-            self._last_step = max(self._last_step, r.step)
+            self._wrote(r.step)
         self.flush()  # in the OS's hands before the delivery layer moves its cursor past the batch
 
     def write_table(self, record: TableRecord) -> None:
         tag = table_tag(record.name)
+        self._decide_attempt(record)
         text = markdown_table(record.table.column_names, record.table.to_pylist(), self.max_cell_chars)
         self._layers[self._layer_for(tag, record.step)].add_event(_text_event(tag, text, step=record.step, wall_time=record.time))
-        self._last_step = max(self._last_step, record.step)
+        self._wrote(record.step)
         self.flush()
 
     def flush(self) -> None:
@@ -284,8 +320,9 @@ class TensorBoardSink:
         self._layers = []
 
     def _recover(self) -> None:
-        """On a reopen (replay), learn each tag's highest step from the files already there, so a
-        step that goes back across the restart still goes to an out-of-order layer."""
+        """On a reopen (replay, resume), learn from the files already there: each tag's highest step (a
+        step that goes back across the restart still goes to an out-of-order layer), the attempts
+        already decided, the config as last shown, and whether HPARAMS has its config."""
         from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
         while True:
@@ -293,14 +330,26 @@ class TensorBoardSink:
             files = sorted(f for f in os.listdir(layer.path) if "tfevents" in f) if os.path.isdir(layer.path) else []
             for name in files:
                 for event in LegacyEventFileLoader(os.path.join(layer.path, name)).Load():
-                    for value in event.summary.value:
-                        if value.tag not in (CONFIG_TAG, STATUS_TAG) and not value.tag.startswith("_hparams_/"):
-                            layer.high[value.tag] = max(layer.high.get(value.tag, event.step), event.step)
-                            self._last_step = max(self._last_step, event.step)
+                    self._recover_event(layer, event, main=len(self._layers) == 1)
             nxt = self._layer_path(len(self._layers))
             if not os.path.isdir(nxt):
                 return
             self._layers.append(_Layer(nxt))
+
+    def _recover_event(self, layer: _Layer, event: Any, main: bool) -> None:
+        match = ATTEMPT_MARK.match(event.session_log.msg) if event.HasField("session_log") else None
+        if match:
+            self._decided.add(int(match.group(1)))
+        for value in event.summary.value:
+            if value.tag == CONFIG_TAG:
+                rows = parse_markdown_table(value.tensor.string_val[0].decode("utf-8")) if value.tensor.string_val else []
+                self._config_rows = {row["key"]: (row.get("value", ""), row.get(SET_AT, "")) for row in rows}
+                self._config_shown = True
+            elif value.tag.startswith(HPARAMS_TAG_PREFIX):
+                self._hparams_written = self._hparams_written or main
+            elif value.tag != STATUS_TAG:
+                layer.high[value.tag] = max(layer.high.get(value.tag, event.step), event.step)
+                self._wrote(event.step)
 
     def _layer_path(self, i: int) -> str:
         """Layer 0 is the run's directory, then ``out_of_order``, ``out_of_order_2``, ..."""
@@ -318,6 +367,79 @@ class TensorBoardSink:
         self._layers[-1].high[tag] = step
         return len(self._layers) - 1
 
+    def _wrote(self, step: int) -> None:
+        self._last_step = max(self._last_step, step)
+        self._high = step if self._high is None else max(self._high, step)
+
+    # -- resumed runs ---------------------------------------------------------------------------
+    def _decide_attempt(self, record: MetricsRecord | TableRecord, values: Mapping[str, float] | None = None) -> None:
+        """At the first record of a later attempt: its restart step supersedes what was written from there on.
+
+        A record with only ``system/...`` metrics does not decide: the agent samples them at the previous
+        attempt's last step until the trainer logs its own step.
+        """
+        attempt = bisect.bisect_right(self._attempt_starts, record.seq)
+        if attempt <= 1 or attempt in self._decided:
+            return
+        if values is not None and all(key.startswith(SYSTEM_PREFIX) for key in values):
+            return
+        self._decided.add(attempt)
+        from tensorboard.compat.proto import event_pb2
+
+        restarts = self._high is not None and record.step <= self._high
+        verb = "restarts" if restarts else "continues"
+        session = event_pb2.SessionLog(
+            status=event_pb2.SessionLog.START if restarts else event_pb2.SessionLog.STATUS_UNSPECIFIED,
+            msg=f"rllog attempt {attempt} {verb} at step {record.step}",
+        )
+        for layer in self._layers if restarts else self._layers[:1]:
+            layer.add_event(event_pb2.Event(wall_time=record.time, step=record.step, session_log=session))
+            if restarts:
+                layer.high = {tag: min(high, record.step - 1) for tag, high in layer.high.items()}
+        if restarts and record.step <= 0:  # the config text at step 0 went with the rest: show it again
+            self._write_config_text(self._layers[0], step=0, wall_time=record.time)
+
+    # -- config ---------------------------------------------------------------------------------
+    def _open_config(self, config: dict[str, Any]) -> None:
+        """The config at open: shown at step 0 once; a reopen with changed values shows them as an update."""
+        now = time.time()
+        if not self._config_shown:
+            self._config = config
+            self._config_rows = {k: (format_cell(v), "") for k, v in config.items()}
+            self._write_config_text(self._layers[0], step=0, wall_time=now)
+            self._write_hparams(step=0, wall_time=now)
+            self._config_shown = True
+            return
+        changed = {k: v for k, v in config.items() if self._config_rows.get(k, (None, ""))[0] != format_cell(v)}
+        self._config = config
+        if changed:
+            self._set_config(changed, max(self._last_step, 0), now)
+        else:
+            self._write_hparams(step=0, wall_time=now)
+
+    def _set_config(self, values: dict[str, Any], step: int, wall_time: float) -> None:
+        self._config.update(values)
+        self._config_rows.update({k: (format_cell(v), str(step)) for k, v in values.items()})
+        self._write_config_text(self._layers[0], step=step, wall_time=wall_time)
+        self._write_hparams(step=step, wall_time=wall_time)
+
+    def _write_config_text(self, layer: _Layer, *, step: int, wall_time: float) -> None:
+        rows = [{"key": k, "value": v, SET_AT: at} for k, (v, at) in self._config_rows.items()]
+        columns = ["key", "value", SET_AT] if any(row[SET_AT] for row in rows) else ["key", "value"]
+        layer.add_event(_text_event(CONFIG_TAG, markdown_table(columns, rows), step=step, wall_time=wall_time))
+
+    def _write_hparams(self, *, step: int, wall_time: float) -> None:
+        """The config for the HPARAMS dashboard, once per run (TensorBoard keeps the first), once there is one."""
+        if not self.hparams or self._hparams_written or not self._config:
+            return
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.hparams import summary_v2 as hp
+
+        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in self._config.items()}
+        summary = hp.hparams_pb(values, trial_id=self._trial_id)
+        self._layers[0].add_event(event_pb2.Event(wall_time=wall_time, step=step, summary=summary))
+        self._hparams_written = True
+
 
 class _Layer:
     """One TensorBoard run directory, its event file, and per tag the highest step written to it.
@@ -325,9 +447,10 @@ class _Layer:
     Events are framed with TensorBoard's own ``RecordWriter`` into a buffer, and appended to the
     layer's file by :meth:`write_pending` (synchronously: ``EventFileWriter`` writes from a thread
     that stops for good at its first error, so a full disk would fail the sink forever). The file is
-    created at the first write, a new one per open (TensorBoard reads a directory's files in name,
-    i.e. creation time, order). No ``SessionLog.START`` is written: it would make TensorBoard discard
-    the earlier events with higher steps.
+    created at the first write, a new one per open, named to sort after the directory's other event
+    files (TensorBoard reads them in name order). A ``SessionLog.START`` is written only where a later
+    attempt supersedes earlier points (:meth:`TensorBoardSink._decide_attempt`): TensorBoard discards
+    the earlier events at or after its step.
     """
 
     def __init__(self, path: str):
@@ -359,10 +482,7 @@ class _Layer:
             return
         if self._file is None:
             os.makedirs(self.path, exist_ok=True)
-            self._file = os.path.join(
-                self.path,
-                f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS):06d}",
-            )
+            self._file = os.path.join(self.path, _new_event_file_name(self.path))
         with open(self._file, "ab", buffering=0) as f:
             view = memoryview(data)
             while view:
@@ -391,6 +511,18 @@ class _Layer:
     def _clear(self) -> None:
         self._pending.seek(0)
         self._pending.truncate()
+
+
+def _new_event_file_name(directory: str) -> str:
+    """An event file name that sorts after every event file in ``directory`` (TensorBoard reads them in
+    name order, so a session's events, restart markers included, must come after the earlier sessions')."""
+    last = max((f for f in os.listdir(directory) if "tfevents" in f), default="")
+    seconds = int(time.time())
+    while True:
+        name = f"events.out.tfevents.{seconds:010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS):06d}"
+        if name > last:
+            return name
+        seconds += 1  # an earlier session in the same second, from a process with a higher pid
 
 
 def _text_event(tag: str, text: str, *, step: int, wall_time: float):

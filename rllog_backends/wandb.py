@@ -341,7 +341,9 @@ class WandbSink:
         ``rllog.init``'s own value when not a default, else wandb's variable, else what an earlier
         session chose, else rllog's default."""
         remembered = remembered or Remembered(run_info.run_dir, "wandb", run_info.run_id)
-        project = first(self.project, explicit_project(run_info), env("WANDB_PROJECT"), remembered.get("project"), run_info.project)
+        project = first(
+            self.project, explicit_project(run_info), env("WANDB_PROJECT"), remembered.get("project"), run_info.project
+        )
         return {
             "project": _clean_project(project),
             "entity": first(self.entity, env("WANDB_ENTITY"), remembered.get("entity")),

@@ -8,16 +8,15 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
+from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
 
 import rllog
 from rllog.cli import main as cli_main
 from rllog.delivery import CursorStore, RetryPolicy
-from rllog.sink_errors import parse_retry_after
 from rllog.errors import RateLimited, SinkBusy, TransientError
-from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
+from rllog.sink_errors import parse_retry_after
 
 FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
 
@@ -90,7 +89,12 @@ def test_give_up_deadline_leaves_records_pending(tmp_path):
         def write_metrics(self, records):
             raise TransientError("connection refused")
 
-    run = rllog.init(report_to=[DownSink("down")], run_dir=tmp_path / "r", flush_interval=0.05, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3))
+    run = rllog.init(
+        report_to=[DownSink("down")],
+        run_dir=tmp_path / "r",
+        flush_interval=0.05,
+        retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3),
+    )
     for i in range(10):
         run.log({"i": float(i)})
     report = run.finish(timeout=30)
@@ -207,7 +211,7 @@ def test_every_sink_sees_the_same_step_for_a_record(tmp_path):
     expected = [(1, 0), (2, 1), (3, 2), (4, 7), (5, 3), (6, 3), (7, 9), (8, 10)]
     assert [(r.seq, r.step) for r in a.metrics] == [(r.seq, r.step) for r in b.metrics] == expected
     parquet = rllog.read_metrics(tmp_path / "r")
-    assert list(zip(parquet.column("seq").to_pylist(), parquet.column("step").to_pylist())) == expected
+    assert list(zip(parquet.column("seq").to_pylist(), parquet.column("step").to_pylist(), strict=True)) == expected
 
 
 def test_batch_that_fails_midway_is_resumed_without_repeating_what_was_delivered(tmp_path):
@@ -219,7 +223,9 @@ def test_batch_that_fails_midway_is_resumed_without_repeating_what_was_delivered
             raise TransientError("tables are down")
 
     picky = TableDownSink("picky")
-    run = rllog.init(report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3))
+    run = rllog.init(
+        report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3)
+    )
     run.log({"a": 1.0}, step=1)  # seq 1
     run.log_table("completions", {"x": [1]}, step=1)  # seq 2
     run.log({"a": 2.0}, step=2)  # seq 3
@@ -252,7 +258,9 @@ def test_durable_sink_resumes_past_what_it_holds(tmp_path):
             raise TransientError("tables are down")
 
     picky = DurableTableDown("picky")
-    run = rllog.init(report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3))
+    run = rllog.init(
+        report_to=[picky], run_dir=tmp_path / "r", flush_interval=5.0, retry=RetryPolicy(base=0.01, cap=0.02, give_up_after=0.3)
+    )
     run.log({"a": 1.0}, step=1)
     run.log_table("completions", {"x": [1]}, step=1)
     run.log({"a": 2.0}, step=2)

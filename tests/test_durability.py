@@ -19,22 +19,24 @@ import time
 from pathlib import Path
 
 import pytest
+from readers import read_back
+from sinks import BlockingSink, MemorySink, wait_until
 
 import rllog
-from readers import read_back
 from rllog import journal
 from rllog.agent import RestartBudget
 from rllog.cli import main as cli_main
 from rllog.errors import ForkedChild, InvalidArgument, InvalidStep, RunDirError
 from rllog.run import load_run_info
-from sinks import BlockingSink, MemorySink, wait_until
 
 QUICK_RESTARTS = RestartBudget(burst=50, refill_seconds=1.0, backoff_base=0.05, backoff_cap=0.5)
 
 
 def parquet_rows(run_dir) -> list[tuple[int, str, float]]:
     table = rllog.read_metrics(run_dir)
-    return list(zip(table.column("seq").to_pylist(), table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True))
+    return list(
+        zip(table.column("seq").to_pylist(), table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)
+    )
 
 
 def tensorboard_points(tracker_dirs, run_dir) -> dict[str, set]:
@@ -74,7 +76,8 @@ def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tm
     rows = parquet_rows(run_dir)
     assert len(rows) == len(set(rows)) == 2 * n  # every record, none twice
     assert sorted((seq, key, value) for seq, key, value in rows) == sorted(
-        [(i + 1, "a", float(i)) for i in range(n)] + [(i + 1, "b", -float(i)) for i in range(n)])
+        [(i + 1, "a", float(i)) for i in range(n)] + [(i + 1, "b", -float(i)) for i in range(n)]
+    )
     tb = tensorboard_points(tracker_dirs, run_dir)
     assert tb["a"] == {(i, float(i)) for i in range(n)}  # TensorBoard may hold a re-sent point twice; never misses one
     assert report.ok, str(report)
@@ -140,7 +143,9 @@ def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small
     assert report["parquet"].delivered == report["tensorboard"].delivered == 4000
     values = [value for _, key, value in parquet_rows(run_dir) if key == "reward"]
     assert values == [i * 0.5 for i in range(4000)]
-    assert {s for s, _ in tensorboard_points(tracker_dirs | {"TENSORBOARD_LOGGING_DIR": str(small_disk / "tb")}, run_dir)["reward"]} == set(range(4000))
+    assert {
+        s for s, _ in tensorboard_points(tracker_dirs | {"TENSORBOARD_LOGGING_DIR": str(small_disk / "tb")}, run_dir)["reward"]
+    } == set(range(4000))
     scan = journal.scan(run_dir)
     assert not scan.damage and scan.records == 4000  # no broken frame was left in the middle of a segment
 
@@ -278,8 +283,12 @@ else:
 def test_of_two_inits_on_one_directory_exactly_one_wins(tmp_path):
     for trial in range(5):
         start = time.time() + 1.5  # both spin until the same instant
-        procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path / f"r{trial}"), str(start)], stdout=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CLAIMER, str(tmp_path / f"r{trial}"), str(start)], stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
         outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
         assert outcomes == ["lost", "won"], (trial, outcomes)
     with pytest.raises(RunDirError, match="already holds a run"):
@@ -342,7 +351,9 @@ def test_agent_kept_dying_is_restarted_past_any_fixed_count_and_stderr_says_so(t
 def test_backend_options_reach_the_agent_but_never_the_disk(tmp_path, test_backends):
     secret = "sk-live-abcdefghijklmnopqrstuvwxyz012345"
     out = tmp_path / "out.jsonl"
-    run = rllog.init(report_to="jsonl", run_dir=tmp_path / "r", backend_options={"jsonl": {"file": str(out), "name": secret}}, health=False)
+    run = rllog.init(
+        report_to="jsonl", run_dir=tmp_path / "r", backend_options={"jsonl": {"file": str(out), "name": secret}}, health=False
+    )
     run.log({"x": 1.0})
     assert run.finish().ok
     assert out.exists()  # the agent got the options (file=...) through its pipe
@@ -385,7 +396,9 @@ def test_agent_runs_at_idle_priority_and_competes_again_when_behind(tmp_path, te
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "a", health=False)
     run.log({"x": 1.0})
     assert wait_until(lambda: os.SCHED_IDLE in _policies(run._agent.pid), timeout=30)
-    assert wait_until(lambda: _policies(run._agent.pid) == {os.SCHED_IDLE, os.SCHED_OTHER})  # the governor's own thread stays normal
+    assert wait_until(
+        lambda: _policies(run._agent.pid) == {os.SCHED_IDLE, os.SCHED_OTHER}
+    )  # the governor's own thread stays normal
     assert run.finish().ok
     behind = rllog.init(report_to="hangs", run_dir=tmp_path / "b", health=False)  # a sink that never catches up
     behind.log({"x": 1.0})

@@ -11,11 +11,10 @@ import subprocess
 import sys
 import time
 
-import pytest
+from mlflow_server import mlflow_server  # noqa: F401  (fixture)
 
 import rllog
 import rllog.run
-from mlflow_server import mlflow_server  # noqa: F401,E402  (fixture)
 from rllog import journal
 from rllog.cli import main as cli_main
 from rllog.delivery import RetryPolicy
@@ -36,7 +35,11 @@ def test_hung_and_crashing_trackers_then_replay_to_healthy_instances(tmp_path, t
     report = run.finish(timeout=6)  # the deadline stops the hung tracker; the healthy ones are done well before it
     assert report["parquet"].state == "delivered" and report["parquet"].delivered == 101
     assert report["hangs"].state == "pending" and report["hangs"].pending == 101 and "replay" in report["hangs"].error
-    assert report["crashes"].state == "failed" and report["crashes"].pending == 101 and "crashed on purpose" in report["crashes"].error
+    assert (
+        report["crashes"].state == "failed"
+        and report["crashes"].pending == 101
+        and "crashed on purpose" in report["crashes"].error
+    )
     assert rllog.read_metrics(run_dir).num_rows == 100  # the healthy tracker got everything, on time
     assert jsonl(run_dir, "hangs")[0] == [] and jsonl(run_dir, "crashes")[0] == []
 
@@ -63,8 +66,13 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
 
 
 def test_tracker_down_for_100k_log_calls_memory_stays_bounded(tmp_path, test_backends):
-    run = rllog.init(report_to="down,parquet", run_dir=tmp_path / "r", flush_interval=0.2, health=False,
-                     retry=RetryPolicy(base=0.05, cap=0.2, give_up_after=None))
+    run = rllog.init(
+        report_to="down,parquet",
+        run_dir=tmp_path / "r",
+        flush_interval=0.2,
+        health=False,
+        retry=RetryPolicy(base=0.05, cap=0.2, give_up_after=None),
+    )
     before = rss_kib(os.getpid())
     agent_peak = 0
     for i in range(100_000):
@@ -131,10 +139,19 @@ def test_sigkill_at_20_random_points_loses_nothing(tmp_path):
         run_dir = tmp_path / f"r{trial}"
         must_have = kill_at_random_point(run_dir, "parquet", rng)
         assert wait_closed(run_dir), f"trial {trial}: the agent did not close the sinks as killed"
-        steps = rllog.read_metrics(run_dir).filter(__import__("pyarrow.compute", fromlist=["x"]).field("key") == "i").column("step").to_pylist()
+        steps = (
+            rllog.read_metrics(run_dir)
+            .filter(__import__("pyarrow.compute", fromlist=["x"]).field("key") == "i")
+            .column("step")
+            .to_pylist()
+        )
         assert must_have <= set(steps), f"trial {trial}: lost {sorted(must_have - set(steps))[:5]}"
         assert len(steps) == len(set(steps))  # and nothing twice
-        table_steps = set(rllog.read_table(run_dir, "completions").column("_step").to_pylist()) if any((run_dir / "parquet" / "tables").glob("*")) else set()
+        table_steps = (
+            set(rllog.read_table(run_dir, "completions").column("_step").to_pylist())
+            if any((run_dir / "parquet" / "tables").glob("*"))
+            else set()
+        )
         assert {s for s in must_have if s % 25 == 0} <= table_steps
         # every part file is a whole parquet file (no reader breaks on a partial write)
         for part in (run_dir / "parquet").rglob("*.parquet"):
@@ -178,15 +195,19 @@ print(json.dumps({"ok": report.ok, "drain_seconds": time.monotonic() - t}), flus
 """
 
 
-def test_429_storm_against_a_real_mlflow_server_loses_and_duplicates_nothing(tmp_path, tracker_dirs, mlflow_server):
+def test_429_storm_against_a_real_mlflow_server_loses_and_duplicates_nothing(tmp_path, tracker_dirs, mlflow_server):  # noqa: F811
     from fault_proxy import FaultProxy
     from mlflow import MlflowClient
 
     proxy = FaultProxy(mlflow_server, retry_after="1")
     proxy.storm.set()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", MLFLOW_STORM, str(tmp_path / "r"), proxy.uri], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", MLFLOW_STORM, str(tmp_path / "r"), proxy.uri],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline().strip() == "logged"
         # all 500 log() calls returned while every write to MLflow was being refused
         deadline = time.monotonic() + 60

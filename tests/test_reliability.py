@@ -11,13 +11,12 @@ import threading
 import time
 
 import pytest
-
-import rllog
 from readers import read_back
-from rllog.errors import RunFinished
-from rllog.run import load_run_info
 from sinks import MemorySink, wait_until
 
+import rllog
+from rllog.errors import RunFinished
+from rllog.run import load_run_info
 
 SIGTERM_CHILD = r"""
 import signal, sys, time, rllog
@@ -57,7 +56,9 @@ with rllog.init(report_to="parquet,mlflow", run_dir=sys.argv[1]) as run:
 
 
 def test_exception_in_user_code_closes_trackers_as_failed(tmp_path, tracker_dirs):
-    proc = subprocess.run([sys.executable, "-c", EXCEPTION_CHILD, str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", EXCEPTION_CHILD, str(tmp_path / "r")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1 and "user code failed" in proc.stderr
     assert json.loads((tmp_path / "r" / "parquet" / "meta.json").read_text())["status"] == "failed"
     mlflow = read_back("mlflow", tracker_dirs, load_run_info(tmp_path / "r")[0])
@@ -103,7 +104,7 @@ def test_log_from_many_threads_keeps_every_record(tmp_path):
     assert sorted(r.seq for r in sink.metrics) == list(range(1, 4001))
     per_thread = {}
     for r in sink.metrics:
-        (key, value), = r.values.items()
+        ((key, value),) = r.values.items()
         per_thread.setdefault(key, []).append(value)
     assert all(v == [float(i) for i in range(500)] for v in per_thread.values()) and len(per_thread) == 8
     steps = [r.step for r in sink.metrics]
@@ -123,4 +124,8 @@ def test_agent_whose_sinks_all_failed_is_not_restarted(tmp_path, test_backends):
     time.sleep(0.3)  # a few watchdog ticks
     report = run.finish(timeout=10)
     assert run._agent.restarts == 0
-    assert report["crashes"].state == "failed" and report["crashes"].pending == MAX_SUSPECTS + 1 and report["crashes"].dead_letters == 0
+    assert (
+        report["crashes"].state == "failed"
+        and report["crashes"].pending == MAX_SUSPECTS + 1
+        and report["crashes"].dead_letters == 0
+    )

@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 import pytest
-
-import rllog
 import readers.mlflow
 import readers.wandb
 from readers import read_back
+
+import rllog
 from rllog.errors import InvalidArgument, RunDirError
 from rllog.run import load_run_info
 

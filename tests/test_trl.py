@@ -339,3 +339,76 @@ def test_trainers_built_and_replaced_in_one_process_keep_at_most_one_agent(tiny_
         got = read_back("parquet", tracker_dirs, info)
         assert got.status == "finished" and [s for s, _ in got.metrics["train/reward"]] == [1], info.run_dir
         assert Path(info.run_dir).name.count(info.run_id) == 1  # run_name unset: the id once in the directory name
+
+
+RESUMABLE_GRPO = r'''
+import os, signal, sys, time
+from transformers import TrainerCallback
+from tiny_grpo import make_grpo_trainer
+
+model_dir, out, trackers, kill_at = sys.argv[1], sys.argv[2], sys.argv[3].split(","), int(sys.argv[4])
+
+
+class KillAfterLogging(TrainerCallback):
+    """SIGKILL (preemption) right after step kill_at is logged: the step after the last checkpoint."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.global_step == kill_at and "loss" in logs:
+            time.sleep(2)  # the step's records reach the journal (within flush_interval) and the agent delivers them
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+trainer = make_grpo_trainer(model_dir, out, steps=4, report_to=trackers, save_strategy="steps", save_steps=2, log_completions=False,
+                            rllog_options={"health": False})
+if kill_at:
+    trainer.add_callback(KillAfterLogging())
+trainer.train(resume_from_checkpoint=not kill_at)
+run = trainer.rllog_run
+print(run.run_id, run.attempt, run.finish(timeout=120).ok, flush=True)
+'''
+
+
+@pytest.mark.slow
+def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(tiny_model, tmp_path, tracker_dirs):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import readers.mlflow
+    from readers import read_back
+    from rllog.run import load_run_info
+
+    script, out, trackers = tmp_path / "train.py", tmp_path / "out", "parquet,mlflow,tensorboard"
+    script.write_text(RESUMABLE_GRPO)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])}
+
+    def train(kill_at: int) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), tiny_model, str(out), trackers, str(kill_at)], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=tmp_path)
+
+    killed = train(kill_at=3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    resumed = train(kill_at=0)  # train(resume_from_checkpoint=True): from checkpoint-2
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run_id, attempt, ok = resumed.stdout.split()
+    assert (attempt, ok) == ("2", "True")
+
+    (run_dir,) = Path(tracker_dirs["RLLOG_DIR"]).iterdir()  # one rllog run
+    info = load_run_info(run_dir)[0]
+    assert info.run_id == run_id
+    assert [a["attempt"] for a in json.loads((run_dir / "run.json").read_text())["attempts"]] == [1, 2]
+    latest = metric_series(run_dir)
+    assert [s for s, _ in latest["train/reward"]] == [1, 2, 3, 4]  # each step once
+    every = [r["step"] for r in rllog.read_metrics(run_dir, attempts="all").to_pylist() if r["key"] == "train/reward"]
+    assert sorted(every) == [1, 2, 3, 3, 4]  # step 3 was logged by the killed attempt, then superseded
+    assert len(readers.mlflow.run_ids(tracker_dirs, info)) == 1  # one MLflow run, finished, with every step
+    mlflow = read_back("mlflow", tracker_dirs, info)
+    assert mlflow.status == "finished" and sorted({s for s, _ in mlflow.metrics["train/reward"]}) == [1, 2, 3, 4]
+    tensorboard = read_back("tensorboard", tracker_dirs, info)  # the same log directory both times
+    assert sorted({s for s, _ in tensorboard.metrics["train/reward"]}) == [1, 2, 3, 4]
+    assert dict(latest["train/reward"])[4] == pytest.approx(dict(tensorboard.metrics["train/reward"])[4], rel=1e-6)
