@@ -395,7 +395,7 @@ def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
     resumed = train(kill_at=0)  # train(resume_from_checkpoint=True): from checkpoint-2
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    run_id, attempt, ok = resumed.stdout.split()
+    run_id, attempt, ok = resumed.stdout.strip().splitlines()[-1].split()
     assert (attempt, ok) == ("2", "True")
 
     (run_dir,) = Path(tracker_dirs["RLLOG_DIR"]).iterdir()  # one rllog run

@@ -13,6 +13,10 @@ and, where the tracker differs from "stores what it was given" (the defaults), a
 - ``stored(value)``: a metric value (NaN and ±inf included) as the tracker gives it back.
 - ``cell(value)``: a table cell as the tracker gives it back.
 - ``config_value(value)``: a config value as the tracker gives it back.
+- ``config_update_value(original, new)``: what the tracker gives back for a key given ``original`` at
+  open (None: a new key) and ``new`` after it (``write_config``).
+- ``SUPERSEDES``: the tracker hides what an earlier attempt wrote from the step a later attempt
+  restarted at (TensorBoard's purge); otherwise it keeps every point.
 - ``alert_level(level)``: an alert's level ("warning" / "error") as the tracker stores it.
 - ``run_ids(env, run_info) -> set``: the tracker runs in ``env``'s storage (resuming must not add one).
 - ``break_next_write(monkeypatch, sink)``: arm a one-shot fault in the tracker's own write path that
@@ -62,6 +66,8 @@ DEFAULTS: dict[str, Any] = {
     "stored": _same,
     "cell": _same,
     "config_value": _same,
+    "config_update_value": None,
+    "SUPERSEDES": False,
     "alert_level": _same,
     "run_ids": None,
     "break_next_write": None,
@@ -75,6 +81,9 @@ def reader(backend: str) -> ModuleType:
 
 def hook(backend: str, name: str) -> Any:
     """The reader's ``name`` (see above), or its default."""
+    if name == "config_update_value" and not hasattr(reader(backend), name):
+        config_value = hook(backend, "config_value")
+        return lambda original, new: config_value(new)
     return getattr(reader(backend), name, DEFAULTS[name])
 
 

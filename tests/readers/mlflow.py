@@ -19,13 +19,18 @@ import tempfile
 from pathlib import Path
 
 from readers import ReadBack
+from rllog_backends._conventions import Remembered
 
 _TABLE_FILE = re.compile(r"^step_(\d+)-seq_(\d+)\.json$")
 _STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "killed"}
 
 
 def find_run(client, run_info, experiment_name: str | None = None):
-    """The MLflow run the sink wrote for ``run_info`` (None if there is none)."""
+    """The MLflow run the sink wrote for ``run_info`` (None if there is none): the one it remembered in the
+    run directory, else the run tagged with the rllog run id in the experiment."""
+    remembered = Remembered(run_info.run_dir, "mlflow", run_info.run_id).get("run_id")
+    if remembered and experiment_name is None:
+        return client.get_run(remembered)
     experiment = client.get_experiment_by_name(experiment_name or run_info.project)
     if experiment is None:
         return None

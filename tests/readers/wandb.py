@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from readers import ReadBack
+from rllog_backends._conventions import Remembered
 from rllog_backends.wandb import STEP_KEY, status_for, wandb_run_id
 
 FILE_HEADER = 7
@@ -147,19 +148,23 @@ def read_file(path: Path, out: ReadBack) -> None:
             out.status = status_for(msg.exit_code)
 
 
+def run_id_of(run_info) -> str:
+    """The wandb id the sink used for ``run_info``: the one it remembered in the run directory, else the derived one."""
+    return Remembered(run_info.run_dir, "wandb", run_info.run_id).get("id") or wandb_run_id(run_info.run_id)
+
+
 def read_back(env: dict, run_info) -> ReadBack:
     """What wandb stored for the run ``run_info`` describes (offline or online run folders)."""
     out = ReadBack()
-    files = run_files(env["WANDB_DIR"], wandb_run_id(run_info.run_id))
+    files = run_files(env["WANDB_DIR"], run_id_of(run_info))
     if not files:
-        raise FileNotFoundError(f"no wandb run {wandb_run_id(run_info.run_id)!r} under {env['WANDB_DIR']}/wandb")
+        raise FileNotFoundError(f"no wandb run {run_id_of(run_info)!r} under {env['WANDB_DIR']}/wandb")
     for path in files:
         read_file(path, out)
     return out
 
 
 # -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
-OPTIONS = {"settings": {"x_disable_stats": True}}  # no system-metrics sampler: a quicker init, nothing else changes
 DISK_FULL_SKIP = (
     "wandb writes its transaction log in its own service process: on a full disk it drops records with only a line in "
     "debug-internal.log, so no call of the sink fails (docs/backends.md)"
