@@ -28,9 +28,9 @@ _STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "killed"}
 def find_run(client, run_info, experiment_name: str | None = None):
     """The MLflow run the sink wrote for ``run_info`` (None if there is none): the one it remembered in the
     run directory, else the run tagged with the rllog run id in the experiment."""
-    remembered = Remembered(run_info.run_dir, "mlflow", run_info.run_id).get("run_id")
-    if remembered and experiment_name is None:
-        return client.get_run(remembered)
+    remembered = Remembered(run_info.run_dir, "mlflow", run_info.run_id)
+    if remembered.get("run_id") and remembered.get("tracking_uri") == client.tracking_uri and experiment_name is None:
+        return client.get_run(remembered.get("run_id"))
     experiment = client.get_experiment_by_name(experiment_name or run_info.project)
     if experiment is None:
         return None

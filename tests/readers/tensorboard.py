@@ -8,7 +8,8 @@
   cells are strings as :func:`rllog_backends.tensorboard.format_cell` renders them (``None`` -> ``""``,
   ``0.5`` -> ``"0.5"``); cells longer than the sink's ``max_cell_chars`` end in "…".
 - config: from the HPARAMS plugin's session start info (bool, float, str; ints come back as floats,
-  ``None`` as ``"None"``); from the ``config`` Markdown table (all strings) if hparams were off.
+  ``None`` as ``"None"``), then the values the last ``config`` Markdown table marks as set after the
+  start (strings, as the text shows them); all from that table (strings) if hparams were off.
 - status: the last ``status`` text entry.
 """
 
@@ -19,11 +20,24 @@ import os
 
 from readers import ReadBack
 from rllog.records import STATUSES
-from rllog_backends.tensorboard import CONFIG_TAG, OUT_OF_ORDER, STATUS_TAG, TEXT_SUFFIX, format_cell, parse_markdown_table
+from rllog_backends._conventions import Remembered
+from rllog_backends.tensorboard import (
+    CONFIG_TAG,
+    OUT_OF_ORDER,
+    SET_AT,
+    STATUS_TAG,
+    TEXT_SUFFIX,
+    format_cell,
+    parse_markdown_table,
+)
 
 
 def logdir_for(env: dict, run_info) -> str:
-    """Where the sink writes by default for ``run_info`` under the test's ``env``."""
+    """Where the sink wrote for ``run_info``: the directory it remembered in the run directory, else its
+    default under the test's ``env``."""
+    remembered = Remembered(run_info.run_dir, "tensorboard", run_info.run_id).get("logdir")
+    if remembered:
+        return remembered
     base = env.get("TENSORBOARD_LOGGING_DIR")
     return os.path.join(base, run_info.name) if base else os.path.join(run_info.run_dir, "tensorboard")
 
@@ -77,12 +91,13 @@ def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
         content = main.PluginTagToContent(hp_metadata.PLUGIN_NAME)
     except KeyError:  # no hparams written
         content = {}
+    rows = parse_markdown_table(_text(main.Tensors(CONFIG_TAG)[-1])) if CONFIG_TAG in tags["tensors"] else []
     if hp_metadata.SESSION_START_INFO_TAG in content:
         info = hp_metadata.parse_session_start_info_plugin_data(content[hp_metadata.SESSION_START_INFO_TAG])
         for key, value in info.hparams.items():
             out.config[key] = getattr(value, value.WhichOneof("kind"))
-    elif CONFIG_TAG in tags["tensors"]:
-        rows = parse_markdown_table(_text(main.Tensors(CONFIG_TAG)[-1]))
+        out.config.update({row["key"]: row["value"] for row in rows if row.get(SET_AT)})
+    else:
         out.config = {row["key"]: row["value"] for row in rows}
 
     if STATUS_TAG in tags["tensors"]:
@@ -109,6 +124,14 @@ def config_value(value):
     if isinstance(value, bool) or isinstance(value, str):
         return value
     return float(value) if isinstance(value, (int, float)) else str(value)
+
+
+def config_update_value(original, new) -> str:
+    """A value set after the start is read from the config text (HPARAMS keeps a run's first config)."""
+    return format_cell(new)
+
+
+SUPERSEDES = True  # a later attempt's restart marker hides what earlier attempts wrote from its step on
 
 
 def break_next_write(monkeypatch, sink) -> None:
