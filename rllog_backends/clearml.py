@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +47,7 @@ from rllog.sink_errors import map_errors
 RUN_ID_TAG = "rllog.run_id="
 STATUS_TAG = "rllog.status="
 SECTION = "General"
+MASTER_ID_VARS = ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID")
 MAX_DOUBLE = sys.float_info.max
 FRAMEWORKS = (
     "matplotlib", "tensorflow", "tensorboard", "pytorch", "xgboost", "scikit", "fastai", "lightgbm", "hydra",
@@ -90,6 +92,18 @@ def _cell(value: Any) -> Any:
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(value, ensure_ascii=False, default=str)
     return str(value)
+
+
+def _forget_parent_task() -> None:
+    """Drop the ClearML task a parent process (a trainer using ClearML itself) left in the environment.
+
+    ``Task.init`` sets ``CLEARML_PROC_MASTER_ID=<pid>:<task id>`` for its child processes; in a child it then
+    returns a do-nothing stub instead of a task. The delivery agent is such a child and wants a task of its own.
+    """
+    for name in MASTER_ID_VARS:
+        value = os.environ.get(name, "")
+        if value and value.split(":")[0] != str(os.getpid()):
+            del os.environ[name]
 
 
 class ClearMLSink:
@@ -147,6 +161,9 @@ class ClearMLSink:
         from clearml import Logger, Task
         from clearml.backend_interface.task.task import Task as BackendTask
 
+        _forget_parent_task()
+        if Task.current_task() is not None:
+            raise RuntimeError("ClearML allows one Task.init task per process and this process has one; use delivery='process'")
         if self.offline is not None:
             Task.set_offline(self.offline)
         # ClearML's reporting subprocess takes 5-11 s per flush and close; its thread reporter writes at once.

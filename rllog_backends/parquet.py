@@ -199,6 +199,7 @@ class ParquetSink:
         self.directory: Path | None = None
         self._rows: list[tuple[int, str, float, float, int]] = []
         self._tables: dict[str, list[pa.Table]] = {}
+        self._table_seqs: dict[str, int] = {}  # the first buffered record's seq, per table (names an empty table's part)
         self._alerts: list[dict] = []
         self._stores: dict[Path, PartStore] = {}
 
@@ -259,6 +260,7 @@ class ParquetSink:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise InvalidTable(f"table {record.name!r}: a column's type changed from earlier steps: {exc}") from exc
         self._tables.setdefault(record.name, []).append(table)
+        self._table_seqs.setdefault(record.name, record.seq)
 
     def write_config(self, record: ConfigRecord) -> None:
         self._meta["config"].update(record.values)
@@ -296,9 +298,10 @@ class ParquetSink:
             for name in list(self._tables):
                 tables = self._tables[name]
                 self._store("tables", table_dir_name(name), seq_column="_seq").append(
-                    pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+                    pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0],
+                    seq=self._table_seqs[name],
                 )
-                del self._tables[name]
+                del self._tables[name], self._table_seqs[name]
             for store in self._stores.values():
                 store.flush()
 

@@ -158,6 +158,8 @@ class PartStore:
         if self._opened:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(".*.tmp"):  # a write killed before its rename
+            leftover.unlink(missing_ok=True)
         files = _listing(self.directory)
         live = set(_live(files))
         for f in files:
@@ -177,11 +179,18 @@ class PartStore:
                 )
         self._opened = True
 
-    def append(self, table: pa.Table) -> None:
-        """Append rows (in seq order, all above ``written_seq``) to the tail; durable after :meth:`flush`."""
-        if not table.num_rows:
-            return
+    def append(self, table: pa.Table, seq: int | None = None) -> None:
+        """Append rows (in seq order, all above ``written_seq``) to the tail; durable after :meth:`flush`.
+
+        A table with no rows (logged by the user as such, with record ``seq``) leaves its columns in an empty part
+        when the directory has nothing yet, so that it can be read back.
+        """
         self.open()
+        if not table.num_rows:
+            if seq is not None and not _listing(self.directory):
+                _write_atomic(self.directory / f"part-{seq:012d}-{seq:012d}-L0.parquet", table.schema, [table])
+                self.schema = table.schema
+            return
         schema = (
             table.schema if self.schema is None else pa.unify_schemas([self.schema, table.schema], promote_options="permissive")
         )
@@ -267,9 +276,9 @@ class PartStore:
             tables += [t for t in (read_tail(f.path) for f in live if f.is_tail) if t is not None]
         except FileNotFoundError:  # replaced by a merge since the listing: read again
             return PartStore.read(directory)
-        tables = [t for t in tables if t.num_rows]
         if not tables:
             return None
+        tables = [t for t in tables if t.num_rows] or tables[:1]  # an empty table keeps its columns
         return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
     @staticmethod

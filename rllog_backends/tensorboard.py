@@ -228,6 +228,7 @@ class TensorBoardSink:
         self._config_shown = False  # the run has a config text (a reopen shows only what changed)
         self._hparams_written = False
         self._trial_id = ""
+        self._committed = self._state()
 
     def open(self, run_info: RunInfo) -> None:
         remembered = Remembered(run_info.run_dir, "tensorboard", run_info.run_id)
@@ -245,6 +246,7 @@ class TensorBoardSink:
         self._recover()
         for layer in self._layers:
             layer.commit()  # what the files already hold is the starting point of a roll-back
+        self._committed = self._state()
         self._open_config(dict(run_info.config))
         self.flush()
 
@@ -293,9 +295,27 @@ class TensorBoardSink:
         except BaseException:
             for layer in self._layers:
                 layer.roll_back()
+            self._restore(self._committed)
             raise
         for layer in self._layers:
             layer.commit()
+        self._committed = self._state()
+
+    def _state(self) -> dict[str, Any]:
+        """What the sink learnt from what it wrote (restored when a write is cut back, see :meth:`flush`)."""
+        return {
+            "_last_step": self._last_step,
+            "_high": self._high,
+            "_decided": set(self._decided),
+            "_config": dict(self._config),
+            "_config_rows": dict(self._config_rows),
+            "_config_shown": self._config_shown,
+            "_hparams_written": self._hparams_written,
+        }
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value.copy() if isinstance(value, (set, dict)) else value)
 
     def close(self, status: str) -> None:
         if not self._layers:
@@ -337,9 +357,15 @@ class TensorBoardSink:
             self._layers.append(_Layer(nxt))
 
     def _recover_event(self, layer: _Layer, event: Any, main: bool) -> None:
-        match = ATTEMPT_MARK.match(event.session_log.msg) if event.HasField("session_log") else None
-        if match:
-            self._decided.add(int(match.group(1)))
+        if event.HasField("session_log"):
+            from tensorboard.compat.proto import event_pb2
+
+            if event.session_log.status == event_pb2.SessionLog.START:  # what TensorBoard purged is not there
+                layer.has_start = True
+                self._purged_from(layer, event.step)
+            match = ATTEMPT_MARK.match(event.session_log.msg)
+            if match:
+                self._decided.add(int(match.group(1)))
         for value in event.summary.value:
             if value.tag == CONFIG_TAG:
                 rows = parse_markdown_table(value.tensor.string_val[0].decode("utf-8")) if value.tensor.string_val else []
@@ -393,11 +419,24 @@ class TensorBoardSink:
             msg=f"rllog attempt {attempt} {verb} at step {record.step}",
         )
         for layer in self._layers if restarts else self._layers[:1]:
+            if restarts and not layer.has_start:
+                # TensorBoard's server (plugin_event_accumulator) takes a run's first START for the
+                # session's own start and purges only from the second on; the legacy loader purges at
+                # every START. A first START at the same step satisfies both.
+                first_start = event_pb2.SessionLog(status=event_pb2.SessionLog.START, msg="rllog: session start")
+                layer.add_event(event_pb2.Event(wall_time=record.time, step=record.step, session_log=first_start))
             layer.add_event(event_pb2.Event(wall_time=record.time, step=record.step, session_log=session))
             if restarts:
-                layer.high = {tag: min(high, record.step - 1) for tag, high in layer.high.items()}
+                layer.has_start = True
+                self._purged_from(layer, record.step)
         if restarts and record.step <= 0:  # the config text at step 0 went with the rest: show it again
             self._write_config_text(self._layers[0], step=0, wall_time=record.time)
+
+    def _purged_from(self, layer: _Layer, step: int) -> None:
+        """TensorBoard drops ``layer``'s points at or after ``step`` (a START there): its highest steps go below it."""
+        layer.high = {tag: min(high, step - 1) for tag, high in layer.high.items()}
+        if self._high is not None:
+            self._high = min(self._high, step - 1)
 
     # -- config ---------------------------------------------------------------------------------
     def _open_config(self, config: dict[str, Any]) -> None:
@@ -458,6 +497,8 @@ class _Layer:
 
         self.path = path
         self.high: dict[str, int] = {}
+        self.has_start = False  # the layer's files hold a SessionLog.START
+        self._committed_has_start = False
         self._committed_high: dict[str, int] = {}  # ``high`` as of the last complete flush
         self._file: str | None = None
         self._committed = 0  # bytes of the file written by complete flushes
@@ -491,6 +532,7 @@ class _Layer:
     def commit(self) -> None:
         self._committed += self._pending.tell()
         self._committed_high = dict(self.high)
+        self._committed_has_start = self.has_start
         self._clear()
 
     def roll_back(self) -> None:
@@ -498,6 +540,7 @@ class _Layer:
         events and forget their steps (the repeated call places them again, in the same layers)."""
         self._clear()
         self.high = dict(self._committed_high)
+        self.has_start = self._committed_has_start
         if self._file is None:
             return
         with contextlib.suppress(FileNotFoundError):
@@ -516,8 +559,9 @@ class _Layer:
 def _new_event_file_name(directory: str) -> str:
     """An event file name that sorts after every event file in ``directory`` (TensorBoard reads them in
     name order, so a session's events, restart markers included, must come after the earlier sessions')."""
-    last = max((f for f in os.listdir(directory) if "tfevents" in f), default="")
-    seconds = int(time.time())
+    last = max((f for f in os.listdir(directory) if f.startswith("events.out.tfevents.")), default="")
+    stamp = last.split(".")[3] if last.count(".") >= 3 else ""
+    seconds = max(int(time.time()), int(stamp) if stamp.isdigit() else 0)
     while True:
         name = f"events.out.tfevents.{seconds:010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_IDS):06d}"
         if name > last:

@@ -12,6 +12,7 @@ to 4 significant digits, tables as row counts, no config), tested in tests/test_
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -27,7 +28,7 @@ from readers import BACKENDS, hook, read_back
 import rllog
 from rllog import registry
 from rllog.errors import TransientError
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 
 T0 = 1_700_000_000.0
 CONFIG = {"learning_rate": 1e-6, "per_device_train_batch_size": 4, "use_vllm": False, "model/name": "tiny-qwen", "beta": 0.04}
@@ -199,6 +200,61 @@ def test_a_second_open_resumes_the_same_tracker_run(backend, tracker_dirs):
     run_ids = hook(backend, "run_ids")
     if run_ids is not None:
         assert len(run_ids(tracker_dirs, info)) == 1, "a second tracker run was created"
+
+
+def test_a_later_attempt_that_restarts_at_an_earlier_step(backend, tracker_dirs):
+    """A job killed after step 9 and resumed from its checkpoint at step 5: one tracker run. TensorBoard
+    hides what the killed attempt wrote from step 5 on (its restart marker, read with EventAccumulator);
+    the other trackers keep both attempts' points (docs/backends.md, "Resuming from an earlier step")."""
+    first_info = make_info(tracker_dirs)
+    first = open_sink(backend, first_info)
+    first.write_metrics([metrics(s + 1, s, {"reward": s / 4}) for s in range(10)])
+    first.write_table(table(11, 9, "completions", {"completion": ["attempt 1"]}))
+    first.flush()
+    first.close("killed")
+    info = dataclasses.replace(first_info, attempt_starts=(1, 12))
+    again = open_sink(backend, info)
+    # The agent samples the trainer before the trainer logs, at the previous attempt's last step: it
+    # does not decide where the attempt restarts.
+    again.write_metrics([metrics(12, 9, {"system/cpu_percent": 50.0})])
+    again.write_metrics([metrics(s + 8, s, {"reward": s / 4 + 100}) for s in range(5, 15)])
+    again.write_table(table(23, 14, "completions", {"completion": ["attempt 2"]}))
+    again.flush()
+    again.close("finished")
+
+    back = read_back(backend, tracker_dirs, info)
+    killed, resumed = [(s, s / 4) for s in range(10)], [(s, s / 4 + 100) for s in range(5, 15)]
+    tables = [(9, expected_rows(backend, {"completion": ["attempt 1"]}))] if not hook(backend, "SUPERSEDES") else []
+    tables.append((14, expected_rows(backend, {"completion": ["attempt 2"]})))
+    if hook(backend, "SUPERSEDES"):
+        assert back.metrics["reward"] == expected_series(backend, killed[:5] + resumed)
+    else:
+        assert back.metrics["reward"] == expected_series(backend, killed + resumed)
+    assert back.tables["completions"] == tables
+    assert back.status == "finished"
+    run_ids = hook(backend, "run_ids")
+    if run_ids is not None:
+        assert len(run_ids(tracker_dirs, info)) == 1, "a second tracker run was created"
+
+
+def test_config_given_after_open(backend, tracker_dirs):
+    """``Run.update_config`` after the tracker run started (accelerate, Lightning): new keys and a changed value."""
+    info = make_info(tracker_dirs)
+    sink = open_sink(backend, info)
+    if not sink.capabilities.config or not callable(getattr(sink, "write_config", None)):
+        sink.close("finished")
+        pytest.skip(f"{backend} takes no config after open")
+    update = {"learning_rate": 2e-6, "num_generations": 8, "model/num_parameters": 494032768, "report_to": "['wandb']"}
+    sink.write_metrics([metrics(1, 0, {"reward": 1.0})])
+    deliver(lambda: sink.write_config(ConfigRecord(2, 3, T0 + 2, update)))
+    sink.write_metrics([metrics(3, 4, {"reward": 2.0})])
+    sink.close("finished")
+
+    back = read_back(backend, tracker_dirs, info)
+    config_value, update_value = hook(backend, "config_value"), hook(backend, "config_update_value")
+    expected = {k: config_value(v) for k, v in CONFIG.items()} | {k: update_value(CONFIG.get(k), v) for k, v in update.items()}
+    assert {k: back.config.get(k) for k in expected} == expected
+    assert back.metrics == {"reward": expected_series(backend, [(0, 1.0), (4, 2.0)])}  # no metric made of the config
 
 
 def test_importing_a_backend_imports_no_tracker():

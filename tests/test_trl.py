@@ -97,7 +97,7 @@ def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
     state = TrainerState()
     state.global_step = 7
     cb.on_log(args, state, TrainerControl(), logs={"loss": 0.5, "eval_loss": 0.25, "eval_reward": None, "note": "text"})
-    cb.run.finish()
+    assert cb.finish().ok
     series = metric_series(tmp_path / "run")
     assert series["train/loss"] == [(7, 0.5)] and series["eval/loss"] == [(7, 0.25)]
     assert math.isnan(series["eval/reward"][0][1]) and "note" not in series and "train/note" not in series
@@ -129,7 +129,7 @@ def test_callback_flattens_nested_values_whether_or_not_another_value_is_text(tm
     cb.on_log(args, state, TrainerControl(), logs={"rewards": {"acc": 0.5}, "loss": 1.0})
     state.global_step = 4
     cb.on_log(args, state, TrainerControl(), logs={"rewards": {"acc": 0.75}, "loss": 2.0, "note": "text"})
-    cb.run.finish()
+    assert cb.finish().ok
     series = metric_series(tmp_path / "run")
     assert series["train/rewards/acc"] == [(3, 0.5), (4, 0.75)] and series["train/loss"] == [(3, 1.0), (4, 2.0)]
     assert "train/note" not in series
@@ -310,6 +310,7 @@ def _agents() -> list:
     return alive
 
 
+@pytest.mark.slow
 def test_trainers_built_and_replaced_in_one_process_keep_at_most_one_agent(tiny_model, tmp_path, tracker_dirs):
     """A sweep, a notebook or a test suite: each trainer trains, then the next one replaces it."""
     import gc
@@ -369,7 +370,7 @@ print(run.run_id, run.attempt, run.finish(timeout=120).ok, flush=True)
 
 
 @pytest.mark.slow
-def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(tiny_model, tmp_path, tracker_dirs):
+def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(tiny_model, tmp_path, tracker_dirs, monkeypatch):
     import json
     import os
     import signal
@@ -383,6 +384,7 @@ def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(
 
     script, out, trackers = tmp_path / "train.py", tmp_path / "out", "parquet,mlflow,tensorboard"
     script.write_text(RESUMABLE_GRPO)
+    readers.mlflow.prepare(monkeypatch, tracker_dirs)  # a migrated database: no schema migration in each process
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])}
 
@@ -412,3 +414,90 @@ def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(
     tensorboard = read_back("tensorboard", tracker_dirs, info)  # the same log directory both times
     assert sorted({s for s, _ in tensorboard.metrics["train/reward"]}) == [1, 2, 3, 4]
     assert dict(latest["train/reward"])[4] == pytest.approx(dict(tensorboard.metrics["train/reward"])[4], rel=1e-6)
+
+
+def test_completions_callback_leaves_the_tokenizer_as_it_found_it(tiny_model, tmp_path):
+    """The data collator pads with the tokenizer too: generating must not change how training pads."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from rllog.integrations.transformers import RLLogCallback, finish_run
+    from rllog.integrations.trl import RLLogCompletionsCallback
+
+    def train(with_completions: bool) -> tuple[list[dict], str]:
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="right")
+        texts = [f"{p} The answer is {'12 ' * (i % 5)}." for i, p in enumerate(PROMPTS)]  # lengths differ: batches are padded
+        data = Dataset.from_dict({"prompt": PROMPTS, "input_ids": [tokenizer(t)["input_ids"] for t in texts]})
+        args = TrainingArguments(output_dir=str(tmp_path / f"out{with_completions}"), use_cpu=True, max_steps=3, per_device_train_batch_size=4,
+                                 per_device_eval_batch_size=4, logging_steps=1, eval_strategy="steps", eval_steps=1, report_to="none",
+                                 save_strategy="no", learning_rate=1e-3, seed=0)
+        trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_model), args=args, train_dataset=data, eval_dataset=data.select(range(8)),
+                          data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
+                          callbacks=[RLLogCallback(run_dir=str(tmp_path / f"run{with_completions}"), health=False)])
+        if with_completions:
+            trainer.add_callback(RLLogCompletionsCallback(trainer, num_prompts=2, freq=1))
+        trainer.train()
+        assert finish_run(trainer).ok
+        timings = ("runtime", "per_second")
+        return [{k: v for k, v in h.items() if not any(t in k for t in timings)} for h in trainer.state.log_history], tokenizer.padding_side
+
+    without, with_ = train(False), train(True)
+    assert [h["eval_loss"] for h in with_[0] if "eval_loss" in h] == [h["eval_loss"] for h in without[0] if "eval_loss" in h]
+    assert with_ == without and with_[1] == "right"
+    assert [r["_step"] for r in rllog.read_table(tmp_path / "runTrue", "completions").to_pylist()] == [1, 1, 2, 2, 3, 3]
+
+
+def test_a_reward_function_returning_none_by_design_raises_no_alert(tiny_model, tmp_path):
+    """TRL: a reward function returns None for the samples it does not apply to; TRL logs NaN for it then."""
+    from rllog.health import HealthMonitor
+
+    def reward_for_other_tasks(completions, **kwargs):
+        return [None] * len(completions)
+
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)},
+                                log_completions=False)
+    trainer.reward_funcs.append(reward_for_other_tasks)
+    trainer.reward_func_names.append("reward_for_other_tasks")
+    trainer.reward_weights = __import__("torch").ones(3)
+    trainer.reward_processing_classes.append(None)
+    trainer.train()
+    assert trainer.rllog_run.finish().ok
+    series = metric_series(run_dir)
+    assert all(math.isnan(v) for _, v in series["train/rewards/reward_for_other_tasks/mean"])
+    assert rllog.read_alerts(run_dir).num_rows == 0
+    # the rule still fires on what is broken: inf in a reward function's mean, NaN in the reward or the loss
+    fired = HealthMonitor().observe(5, {"train/rewards/f/mean": math.inf, "train/reward": math.nan, "eval/loss": math.nan,
+                                        "train/rewards/g/mean": math.nan, "eval/rewards/g/std": math.nan})
+    assert sorted(a.metric for a in fired if a.rule == "non_finite") == ["eval/loss", "train/reward", "train/rewards/f/mean"]
+
+
+def test_trls_warnings_from_the_trainers_init_point_at_the_users_line(tiny_model, tmp_path, monkeypatch):
+    """TRL warns with stacklevel=2; the mixin's __init__ must not become the place warnings are shown for (and deduplicated at)."""
+    import inspect
+    import warnings
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rllog.integrations.trl import RLLogMixin
+    from tiny_grpo import grpo_dataset
+
+    class Trainer(RLLogMixin, GRPOTrainer):
+        pass
+
+    monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE", raising=False)
+
+    def build(trainer_class):
+        args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
+                          report_to=["parquet"] if trainer_class is Trainer else "none")
+        return dict(model=tiny_model, reward_funcs=[reward_has_digit], args=args, train_dataset=grpo_dataset(), rollout_func=lambda *a, **k: None)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's default for UserWarning: once per line of code
+        line = inspect.currentframe().f_lineno
+        for trainer_class in (GRPOTrainer, GRPOTrainer, Trainer, Trainer):
+            trainer_class(**build(trainer_class))  # line + 2: shown once for this line
+        Trainer(**build(Trainer))  # line + 3: another line, shown again
+    shown = [(w.filename, w.lineno) for w in caught if "rollout_func" in str(w.message)]
+    print("SHOWN", line, shown)
+    assert shown == [(__file__, line + 2), (__file__, line + 3)]

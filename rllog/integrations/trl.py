@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
-import re
 import sys
 import warnings
 from typing import Any
@@ -99,20 +98,28 @@ def _caller_frame():
 def _warnings_at(frame, call, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)`` with the warnings that would point at this module (the mixin's ``__init__`` is
     one frame more between the user and TRL's ``stacklevel``) pointing at ``frame`` instead, under the
-    user's filters and once-per-location registry, as without the mixin."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("always", module=re.escape(__name__) + r"\Z")  # ours to re-issue, every time
-        show = warnings.showwarning
+    user's filters and once-per-location registry, as without the mixin.
 
-        def reissue(message, category, filename, lineno, file=None, line=None):
-            if filename != _THIS_FILE:
-                return show(message, category, filename, lineno, file, line)
-            module_globals = frame.f_globals
-            warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno, module=module_globals.get("__name__"),
-                                   registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
+    The filters are left alone (changing them resets every module's once-per-location registry); this
+    module's registry is emptied instead, so each call's warnings reach :func:`warnings.showwarning`.
+    """
+    show = warnings.showwarning
 
-        warnings.showwarning = reissue
+    def reissue(message, category, filename, lineno, file=None, line=None):
+        if filename != _THIS_FILE:
+            return show(message, category, filename, lineno, file, line)
+        module_globals = frame.f_globals
+        warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno, module=module_globals.get("__name__"),
+                               registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
+
+    globals().pop("__warningregistry__", None)
+    warnings.showwarning = reissue
+    try:
         return call(*args, **kwargs)
+    finally:
+        if warnings.showwarning is reissue:
+            warnings.showwarning = show
+        globals().pop("__warningregistry__", None)
 
 
 def _route_profiling_through_rllog() -> None:

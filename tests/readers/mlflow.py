@@ -3,7 +3,8 @@
 The run is found by the tag ``rllog.run_id`` in the experiment named ``run_info.project``. Metrics come
 from ``get_metric_history`` (MLflow's stored order: timestamp, then step), tables from the run's
 ``tables/<name>/step_<step>-seq_<seq>.json`` artifacts (in log order, by seq), config from the run's
-params (strings, as MLflow stores them), status from the run's status.
+params (strings, as MLflow stores them; a param whose value changed later is kept as it was, its
+current value is in the tag ``rllog.config.<param>``, which wins here), status from the run's status.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from readers import ReadBack
 from rllog_backends._conventions import Remembered
+from rllog_backends.mlflow import CONFIG_TAG_PREFIX
 
 _TABLE_FILE = re.compile(r"^step_(\d+)-seq_(\d+)\.json$")
 _STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "killed"}
@@ -69,7 +71,7 @@ def read_back(env: dict, run_info, experiment_name: str | None = None) -> ReadBa
     return ReadBack(
         metrics=metrics,
         tables=read_tables(client, run_id),
-        config=dict(run.data.params),
+        config=dict(run.data.params) | {k[len(CONFIG_TAG_PREFIX) :]: v for k, v in run.data.tags.items() if k.startswith(CONFIG_TAG_PREFIX)},
         status=_STATUS.get(run.info.status),
     )
 

@@ -18,8 +18,6 @@ import json
 import math
 from pathlib import Path
 
-import yaml
-
 from readers import ReadBack
 from rllog_backends.swanlab import STEP_KEY, swanlab_run_id
 
@@ -71,6 +69,8 @@ def read_session(folder: Path, recs: list, out: ReadBack) -> None:
             from swanlab.proto.swanlab.run.v1.run_pb2 import RunState
 
             out.status = STATUS.get(RunState.Name(r.finish.state))
+    import yaml
+
     config_file = folder / "files" / "config.yaml"
     if config_file.exists():
         out.config.update({k: v["value"] for k, v in (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).items()})

@@ -1,4 +1,6 @@
-"""Read a run back from TensorBoard's own event files, with TensorBoard's ``EventAccumulator``.
+"""Read a run back from TensorBoard's own event files, with the ``EventAccumulator`` TensorBoard's Python
+data server loads runs with (``plugin_event_accumulator``, ``tensorboard --load_fast=false``): what it
+shows, after its purge of points a restarted job superseded (``SessionLog.START``), tables included.
 
 - metrics: every scalar tag, ``[(step, value)]`` in the order logged (the run directory and its
   ``out_of_order*`` layers merged by wall time). TensorBoard stores scalars as float32,
@@ -55,43 +57,54 @@ def _layers(logdir: str) -> list[str]:
     return [logdir] + [os.path.join(logdir, d) for d in extra]
 
 
-def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.plugins.hparams import metadata as hp_metadata
+def accumulators(logdir: str) -> list:
+    """The loaded ``plugin_event_accumulator.EventAccumulator`` of the run and each out-of-order layer, keeping every event."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
-    logdir = logdir or logdir_for(env, run_info)
     accs = []
     for path in _layers(logdir):
-        acc = EventAccumulator(path, size_guidance={"scalars": 0, "tensors": 0})
+        acc = EventAccumulator(path, size_guidance={"tensors": 0})
         acc.Reload()
         accs.append(acc)
+    return accs
+
+
+def _series(accs: list) -> tuple[dict[str, list], dict[str, list]]:
+    """Scalar and text events of every layer, per tag (text: the user's tables, not config/status)."""
+    scalars: dict[str, list] = {}
+    texts: dict[str, list] = {}
+    for acc in accs:
+        for tag in acc.Tags()["tensors"]:
+            plugin = acc.SummaryMetadata(tag).plugin_data.plugin_name
+            if plugin == "scalars":
+                scalars.setdefault(tag, []).extend(acc.Tensors(tag))
+            elif plugin == "text" and tag not in (CONFIG_TAG, STATUS_TAG):
+                texts.setdefault(tag, []).extend(acc.Tensors(tag))
+    return scalars, texts
+
+
+def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
+    from tensorboard.plugins.hparams import metadata as hp_metadata
+    from tensorboard.util import tensor_util
+
+    accs = accumulators(logdir or logdir_for(env, run_info))
     main = accs[0]
     out = ReadBack()
     # Events of the out-of-order layers are merged back by wall time (= the record's time), which
     # restores the order the records were logged in.
-    scalars: dict[str, list] = {}
-    texts: dict[str, list] = {}
-    for acc in accs:
-        tags = acc.Tags()
-        for tag in tags["scalars"]:
-            scalars.setdefault(tag, []).extend(acc.Scalars(tag))
-        for tag in tags["tensors"]:
-            if tag.endswith(TEXT_SUFFIX) and tag not in (CONFIG_TAG, STATUS_TAG):
-                texts.setdefault(tag, []).extend(acc.Tensors(tag))
+    scalars, texts = _series(accs)
     for tag, events in scalars.items():
-        out.metrics[tag] = [(e.step, e.value) for e in sorted(events, key=lambda e: e.wall_time)]
+        ordered = sorted(events, key=lambda e: e.wall_time)
+        out.metrics[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto).item())) for e in ordered]
     for tag, events in texts.items():
         name = tag[: -len(TEXT_SUFFIX)]
         if name.startswith("table/") and name[len("table/") :] in ("config", "status"):
             name = name[len("table/") :]
         out.tables[name] = [(e.step, parse_markdown_table(_text(e))) for e in sorted(events, key=lambda e: e.wall_time)]
 
-    tags = main.Tags()
-    try:
-        content = main.PluginTagToContent(hp_metadata.PLUGIN_NAME)
-    except KeyError:  # no hparams written
-        content = {}
-    rows = parse_markdown_table(_text(main.Tensors(CONFIG_TAG)[-1])) if CONFIG_TAG in tags["tensors"] else []
+    tags = main.Tags()["tensors"]
+    content = main.PluginTagToContent(hp_metadata.PLUGIN_NAME) if hp_metadata.PLUGIN_NAME in main.ActivePlugins() else {}
+    rows = parse_markdown_table(_text(main.Tensors(CONFIG_TAG)[-1])) if CONFIG_TAG in tags else []
     if hp_metadata.SESSION_START_INFO_TAG in content:
         info = hp_metadata.parse_session_start_info_plugin_data(content[hp_metadata.SESSION_START_INFO_TAG])
         for key, value in info.hparams.items():
@@ -100,7 +113,7 @@ def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
     else:
         out.config = {row["key"]: row["value"] for row in rows}
 
-    if STATUS_TAG in tags["tensors"]:
+    if STATUS_TAG in tags:
         status = _text(main.Tensors(STATUS_TAG)[-1]).strip()
         out.status = status if status in STATUSES else None
     return out
