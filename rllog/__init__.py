@@ -76,7 +76,7 @@ def init(
     return _current
 
 
-def current_run() -> Run | None:
+def current_run() -> Run | NullRun | None:
     """The run most recently started with :func:`init` (None before the first)."""
     return _current
 
@@ -91,7 +91,7 @@ def log_table(name: str, table: Any, step: int | None = None) -> None:
     _require_run().log_table(name, table, step)
 
 
-def _require_run() -> Run:
+def _require_run() -> Run | NullRun:
     if _current is None:
         raise RllogError("no run: call rllog.init() first")
     return _current

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections import deque
+from functools import partial
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -422,7 +423,7 @@ def serve(
             writer_gone=parent_gone,
             flush_interval=run_file.flush_interval,
             retry=RetryPolicy(**run_file.retry),
-            on_progress=(lambda seq, name=spec.name: on_progress(name, seq)) if on_progress else None,
+            on_progress=partial(on_progress, spec.name) if on_progress else None,
         )
         try:
             followers.append(follower.start(wait=LOCK_WAIT_SECONDS if follow else 0.0))

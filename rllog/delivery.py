@@ -22,6 +22,7 @@ A file lock (``RUN_DIR/delivery/<sink>.lock``) makes sure two deliverers never s
 from __future__ import annotations
 
 import collections
+from functools import partial
 import errno
 import json
 import logging
@@ -340,7 +341,7 @@ class Follower:
         self._durable.update(r.seq for r in records if r.seq in self.ahead)
         if todo and not self._ensure_open():
             return False
-        sink = self.sink
+        sink: Any = self.sink  # optional members are checked through capabilities
         takes_tables = bool(todo) and getattr(sink.capabilities, "tables", False)
         takes_alerts = bool(todo) and getattr(sink.capabilities, "alerts", False)
         takes_config = bool(todo) and getattr(sink.capabilities, "config", False) and hasattr(sink, "write_config")
@@ -358,10 +359,10 @@ class Follower:
         taken = {r.seq for part, _ in calls for r in part}
         self._durable.update(r.seq for r in todo if r.seq not in taken)  # a record no call takes is done
         for part, call in calls:
-            error = self._call(lambda call=call, part=part: call(part), permanent_ok=True)
+            error = self._call(partial(call, part), permanent_ok=True)
             if error is not None and len(part) > 1 and self.state == SinkState.RUNNING:  # find the bad record(s)
                 for record in part:
-                    one = self._call(lambda call=call, record=record: call([record]), permanent_ok=True)
+                    one = self._call(partial(call, [record]), permanent_ok=True)
                     if not self._accepted([record], one):
                         return False
             elif not self._accepted(part, error):
@@ -459,7 +460,8 @@ class Follower:
 
     def _close(self, status: str) -> None:
         if self.sink is not None:
-            if self._call(lambda: self.sink.close(status)) is not None:
+            sink: Any = self.sink
+            if self._call(lambda: sink.close(status)) is not None:
                 return
             self._durable |= self._in_flight  # close flushes
             self._in_flight = set()

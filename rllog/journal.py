@@ -506,10 +506,10 @@ class JournalReader:
         return True
 
     def _later_segment_exists(self) -> bool:
-        return any(
-            p not in self._done and p != self._path and _segment_key(p) > _segment_key(self._path)
-            for p in segments(self.directory)
-        )
+        if self._path is None:
+            return False
+        current = _segment_key(self._path)
+        return any(p not in self._done and p != self._path and _segment_key(p) > current for p in segments(self.directory))
 
     def read(self, max_records: int = 1000, final: bool = False) -> list:
         """Return up to ``max_records`` complete records after the cursor (an ``End`` marker included).
@@ -527,6 +527,7 @@ class JournalReader:
             if stop == "done":  # out is full; the rest of the segment is for the next call
                 break
             # the end of what this segment holds now: finished, torn, damaged, or still being written
+            assert self._fd is not None
             size = os.fstat(self._fd).st_size
             later = self._later_segment_exists()
             if size > self._offset and (later or final):
@@ -610,7 +611,7 @@ class JournalReader:
                 continue
             if self.decode:
                 try:
-                    item = _decode(kind, seq, payload)
+                    item: Any = _decode(kind, seq, payload)
                 except Exception as exc:
                     self._count_bad_frame(pos, end - pos, f"could not be decoded ({exc})")
                     pos = end

@@ -34,5 +34,13 @@ OFFLINE_ENV: dict[str, str] = {
 }
 
 # Variables that would point a tracker at a remote server or account.
-ONLINE_VARS = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "WANDB_API_KEY", "COMET_API_KEY", "SWANLAB_API_KEY", "CLEARML_API_ACCESS_KEY",
-               "CLEARML_API_SECRET_KEY", "DVC_STUDIO_TOKEN")
+ONLINE_VARS = (
+    "TRACKIO_SPACE_ID",
+    "TRACKIO_SERVER_URL",
+    "WANDB_API_KEY",
+    "COMET_API_KEY",
+    "SWANLAB_API_KEY",
+    "CLEARML_API_ACCESS_KEY",
+    "CLEARML_API_SECRET_KEY",
+    "DVC_STUDIO_TOKEN",
+)

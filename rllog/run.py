@@ -61,7 +61,6 @@ class RunBase:
 
     _distributed = False
     _takes_tables = True
-    run_dir: Path | None = None
     sink_names: list[str]
 
     def __init__(self, reduce_across_ranks: bool | None) -> None:
@@ -117,7 +116,7 @@ class NullRun(RunBase):
     def __init__(self, report_to: Any = None, reduce_across_ranks: bool | None = None, **kwargs: Any):
         super().__init__(reduce_across_ranks)
         self._takes_tables = _takes_tables(parse_report_to(report_to))
-        self.run_dir = None
+        self.run_dir: None = None
         self.sink_names = []
 
     def log(self, values: Mapping[str, Any], step: int | None = None) -> None:
@@ -130,6 +129,12 @@ class NullRun(RunBase):
         if self._finished is not None:
             raise RunFinished("this run has finished")
         self._prepare_table(name, table)
+
+    def update_config(self, values: Any) -> None:
+        flatten_config(values)  # validated like the real run's
+
+    def flush(self, timeout: float = 60.0) -> FinishReport:
+        return FinishReport()
 
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
         self._finished = self._finished or FinishReport()
@@ -440,6 +445,7 @@ class Run(RunBase):
             if first:
                 self._finishing = threading.Event()  # from here on log() raises RunFinished
             finishing = self._finishing
+        assert finishing is not None
         if not first:
             finishing.wait()
             assert self._finished is not None

@@ -167,7 +167,7 @@ class ClearMLSink:
         if self.offline is not None:
             Task.set_offline(self.offline)
         # ClearML's reporting subprocess takes 5-11 s per flush and close; its thread reporter writes at once.
-        BackendTask._report_subprocess_enabled = False
+        BackendTask._report_subprocess_enabled = False  # type: ignore[assignment]  # a lazily read config value
         project = self.project or run_info.project
         self._last_metrics_seq = 0
         with map_errors("clearml"):
@@ -175,7 +175,7 @@ class ClearMLSink:
             self._task = Task.init(
                 project_name=project,
                 task_name=self.task_name or run_info.name,
-                task_type=self.task_type,  # type: ignore[arg-type]  # checked by clearml
+                task_type=self.task_type,
                 tags=[RUN_ID_TAG + run_info.run_id, *map(str, run_info.tags)],
                 reuse_last_task_id=False,
                 continue_last_task=previous or False,

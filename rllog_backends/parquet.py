@@ -211,7 +211,7 @@ class ParquetSink:
             self.directory = Path(run_info.run_dir) / DEFAULT_DIRECTORY
         with _disk_errors():
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._meta = {
+            self._meta: dict[str, Any] = {
                 "project": run_info.project,
                 "name": run_info.name,
                 "run_id": run_info.run_id,

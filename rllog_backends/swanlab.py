@@ -222,7 +222,9 @@ class SwanLabSink:
         import swanlab
 
         if swanlab.has_run():
-            raise RuntimeError("SwanLab allows one run per process and another SwanLab run is active here; use delivery='process'")
+            raise RuntimeError(
+                "SwanLab allows one run per process and another SwanLab run is active here; use delivery='process'"
+            )
         self._silence(True)
         self._written = _Written()
         self._logged = {"scalar": 0, "media": 0}
@@ -232,14 +234,14 @@ class SwanLabSink:
             self._run = swanlab.init(
                 project=swanlab_project(self.project or run_info.project),
                 workspace=self.workspace,
-                mode=self.mode,  # type: ignore[arg-type]  # checked by swanlab
+                mode=self.mode,
                 log_dir=self.log_dir or os.environ.get("SWANLAB_LOG_DIR") or os.path.join(run_info.run_dir, "swanlog"),
                 name=run_info.name,
                 group=self.group,
                 job_type=self.job_type,
                 tags=[str(t)[:512] for t in run_info.tags] or None,
                 id=swanlab_run_id(run_info.run_id),
-                resume=self.resume,  # type: ignore[arg-type]
+                resume=self.resume,
                 config=dict(run_info.config),
                 settings=swanlab.Settings(**self._settings()),
                 callbacks=[self._written.callback()],
@@ -318,7 +320,9 @@ class SwanLabSink:
         if self._run is None:
             return
         if not self._written.wait(self._logged["scalar"], self._logged["media"], self.flush_timeout):
-            raise TransientError(f"swanlab: rows logged up to step {self._logged['scalar']} not written after {self.flush_timeout:.0f}s")
+            raise TransientError(
+                f"swanlab: rows logged up to step {self._logged['scalar']} not written after {self.flush_timeout:.0f}s"
+            )
         store = getattr(getattr(self._run, "_core", None), "_store", None)
         if store is not None and hasattr(store, "ensure_flushed"):  # SwanLab flushes its run file only at finish
             with map_errors("swanlab"):
@@ -339,4 +343,3 @@ class SwanLabSink:
         if self._run is None:
             raise RuntimeError("SwanLabSink: open() must be called before writing")
         return self._run
-

@@ -54,7 +54,9 @@ def test_an_accelerate_loop_reaches_every_tracker(tmp_path, tracker_dirs, caplog
     accelerator.init_trackers("accel", config=CONFIG)
     with caplog.at_level(logging.WARNING, logger="rllog.integrations"):
         losses = train(accelerator)
-    accelerator.get_tracker("rllog").log_table("completions", columns=["prompt", "reward"], data=[["1+1", 1.0], ["2+2", 0.5]], step=3)
+    accelerator.get_tracker("rllog").log_table(
+        "completions", columns=["prompt", "reward"], data=[["1+1", 1.0], ["2+2", 0.5]], step=3
+    )
     run = accelerator.get_tracker("rllog", unwrap=True)
     accelerator.end_training()
 
@@ -86,7 +88,9 @@ def test_selected_by_name(tmp_path):
     import rllog.integrations.accelerate  # noqa: F401  (registers "rllog")
 
     accelerator = Accelerator(cpu=True, log_with="rllog")
-    accelerator.init_trackers("by-name", config={"seed": 7}, init_kwargs={"rllog": {"report_to": "parquet", "run_dir": tmp_path / "run"}})
+    accelerator.init_trackers(
+        "by-name", config={"seed": 7}, init_kwargs={"rllog": {"report_to": "parquet", "run_dir": tmp_path / "run"}}
+    )
     losses = train(accelerator, steps=2)
     run = accelerator.get_tracker("rllog", unwrap=True)
     accelerator.end_training()

@@ -39,7 +39,9 @@ def test_one_offline_session_stores_clearmls_own_way(tracker_dirs, tmp_path, mon
     sink = registry.create("clearml", {})
     sink.open(run_info)
     assert (sys.stdout, sys.stderr) == (stdout, stderr), "ClearML captured stdout/stderr"
-    sink.write_metrics([MetricsRecord(1, 3, 0.0, {"loss": math.nan, "kl": math.inf, "neg": -math.inf, "rewards/accuracy/mean": 0.5})])
+    sink.write_metrics(
+        [MetricsRecord(1, 3, 0.0, {"loss": math.nan, "kl": math.inf, "neg": -math.inf, "rewards/accuracy/mean": 0.5})]
+    )
     sink.write_metrics([MetricsRecord(2, 1, 0.0, {"rewards/accuracy/mean": 0.25})])  # a step going back
     sink.write_table(TableRecord(3, 3, 0.0, "eval/samples", pa.table({"text": ["a", None], "score": [math.nan, 2.0]})))
     sink.write_config(ConfigRecord(4, 3, 0.0, {"model/name": "tiny-qwen"}))
@@ -52,7 +54,10 @@ def test_one_offline_session_stores_clearmls_own_way(tracker_dirs, tmp_path, mon
     sink.close("failed")
 
     assert "diff" not in json.dumps(task.get("script", {})) and not task.get("script", {}).get("repository")
-    assert not (repo / ".clearml").exists() and subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    assert (
+        not (repo / ".clearml").exists()
+        and subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    )
     out, err = capfd.readouterr()
     assert "ClearML" in out and err == ""  # its own start/close lines: in the agent's log with the default delivery
 
@@ -67,7 +72,10 @@ def test_one_offline_session_stores_clearmls_own_way(tracker_dirs, tmp_path, mon
     assert back.metrics["rewards/accuracy/mean"] == [(3, 0.5), (1, 0.25), (4, 0.75)]
     assert back.tables["eval/samples"] == [(3, [{"text": "a", "score": "NaN"}, {"text": None, "score": 2.0}])]
     assert back.config == {"lr": "1e-06", "use_vllm": "False", "model/name": "tiny-qwen"}
-    assert [t["tags"] for t, _ in found] == [["rllog.run_id=cm-0001", "rllog.status=failed"], ["rllog.run_id=cm-0001", "rllog.status=finished"]]
+    assert [t["tags"] for t, _ in found] == [
+        ["rllog.run_id=cm-0001", "rllog.status=failed"],
+        ["rllog.run_id=cm-0001", "rllog.status=finished"],
+    ]
     assert back.status == "finished"
 
 

@@ -49,7 +49,13 @@ def test_names_stay_inside_the_directory():
 
 def test_a_run_in_a_git_repository_leaves_the_repository_alone(repo, tracker_dirs, capfd):
     head, refs = git(repo, "rev-parse", "HEAD"), git(repo, "for-each-ref")
-    with rllog.init(report_to="dvclive", project="grpo", config={"lr": 1e-6, "model": {"name": "tiny"}}, run_dir=repo / "runs" / "a", health=False) as run:
+    with rllog.init(
+        report_to="dvclive",
+        project="grpo",
+        config={"lr": 1e-6, "model": {"name": "tiny"}},
+        run_dir=repo / "runs" / "a",
+        health=False,
+    ) as run:
         for step in range(3):
             run.log({"reward": step / 4, "rewards/accuracy/mean": 0.5 + step}, step=step)
         run.log({"reward": 9.0}, step=1)  # a step going back
@@ -65,10 +71,15 @@ def test_a_run_in_a_git_repository_leaves_the_repository_alone(repo, tracker_dir
     assert "dvc" not in (out + err).lower()
 
     back = read_back(tracker_dirs, run.info)
-    assert back.metrics == {"reward": [(0, 0.0), (1, 0.25), (2, 0.5), (1, 9.0)], "rewards/accuracy/mean": [(0, 0.5), (1, 1.5), (2, 2.5)]}
+    assert back.metrics == {
+        "reward": [(0, 0.0), (1, 0.25), (2, 0.5), (1, 9.0)],
+        "rewards/accuracy/mean": [(0, 0.5), (1, 1.5), (2, 2.5)],
+    }
     assert back.tables == {"completions": [(2, [{"prompt": "1+1", "completion": "2", "reward": None}])]}
     assert back.config == {"lr": 1e-6, "model/name": "tiny", "beta": 0.04} and back.status == "finished"
-    assert (repo / "runs" / "a" / "dvclive" / "plots" / "metrics" / "rewards" / "accuracy" / "mean.tsv").read_text().splitlines()[0] == "step\tmean"
+    assert (repo / "runs" / "a" / "dvclive" / "plots" / "metrics" / "rewards" / "accuracy" / "mean.tsv").read_text().splitlines()[
+        0
+    ] == "step\tmean"
 
 
 def test_a_key_and_a_key_below_it(tmp_path, caplog):

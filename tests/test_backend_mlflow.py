@@ -7,6 +7,7 @@ real server, so the real MLflow REST client sees real responses.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -386,3 +387,85 @@ def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, mo
             sink.write_metrics([rec(6, 3, {"reward": 1.0})])
     finally:
         proxy.server.server_close()
+
+
+# -- MLflow's own conventions ----------------------------------------------------------------------
+def test_mlflow_run_id_logs_into_the_run_a_platform_created(tracker_dirs, client, monkeypatch):
+    """AzureML/Databricks create the MLflow run and set MLFLOW_RUN_ID: the data goes into that run (not a
+    new one), and a later ``rllog replay`` without the variable continues it."""
+    experiment = client.create_experiment("azureml-job")
+    platform_run = client.create_run(experiment, run_name="job-42").info.run_id
+    monkeypatch.setenv("MLFLOW_RUN_ID", platform_run)
+    monkeypatch.setenv("MLFLOW_TAGS", json.dumps({"release.candidate": "RC1", "team": "rl"}))
+    info = make_info(tracker_dirs["tmp"], config={"lr": 1e-5})
+    sink = MlflowSink()
+    sink.open(info)
+    sink.write_metrics([rec(1, 0, {"reward": 0.1})])
+    sink.close("killed")
+    monkeypatch.delenv("MLFLOW_RUN_ID")
+    monkeypatch.delenv("MLFLOW_TAGS")
+    sink = MlflowSink()  # `rllog replay` from another shell
+    sink.open(info)
+    sink.write_metrics([rec(2, 1, {"reward": 0.2})])
+    sink.close("finished")
+
+    run = client.get_run(platform_run)
+    assert [(m.step, m.value) for m in client.get_metric_history(platform_run, "reward")] == [(0, 0.1), (1, 0.2)]
+    assert run.data.params == {"lr": "1e-05"} and run.info.status == "FINISHED"
+    assert (run.data.tags["release.candidate"], run.data.tags["team"], run.data.tags["rllog.run_id"]) == (
+        "RC1",
+        "rl",
+        info.run_id,
+    )
+    assert [r.info.run_id for e in client.search_experiments() for r in client.search_runs([e.experiment_id])] == [platform_run]
+    assert read_back(tracker_dirs, info).metrics["reward"] == [(0, 0.1), (1, 0.2)]
+
+
+def test_mlflow_experiment_name_applies_unless_the_project_is_given(tracker_dirs, client, monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    default = RunInfo("rllog", "run-aaaa", str(Path(tracker_dirs["tmp"]) / "a"), "aaaa")  # rllog.init's defaults
+    given = RunInfo("grpo-math", "tiny", str(Path(tracker_dirs["tmp"]) / "b"), "bbbb")
+    option = RunInfo("grpo-math", "tiny", str(Path(tracker_dirs["tmp"]) / "c"), "cccc")
+    for info, sink in ((default, MlflowSink()), (given, MlflowSink()), (option, MlflowSink(experiment_name="from-option"))):
+        sink.open(info)
+        sink.close("finished")
+    experiments = {e.name: e.experiment_id for e in client.search_experiments()}
+    runs = {e: sorted(r.data.tags["rllog.run_id"] for r in client.search_runs([i])) for e, i in experiments.items()}
+    assert {e: r for e, r in runs.items() if r} == {"from-env": ["aaaa"], "grpo-math": ["bbbb"], "from-option": ["cccc"]}
+
+
+def test_a_changed_config_value_keeps_the_param_and_tags_the_new_value(tracker_dirs, client):
+    """MLflow refuses to change a param: the first value stays, the current one is the tag rllog.config.<param>."""
+    from rllog.records import ConfigRecord
+
+    info = make_info(tracker_dirs["tmp"], config={"learning_rate": 1e-5, "beta": 0.04})
+    sink = MlflowSink()
+    sink.open(info)
+    sink.write_config(ConfigRecord(1, 10, T0, {"learning_rate": 5e-6, "num_generations": 8}))
+    sink.write_config(ConfigRecord(2, 20, T0, {"learning_rate": 1e-5}))  # back to the first value: the tag follows
+    sink.write_config(ConfigRecord(3, 30, T0, {"beta": 0.04}))  # unchanged: nothing to record
+    sink.close("finished")
+    run = find_run(client, info)
+    assert run.data.params == {"learning_rate": "1e-05", "beta": "0.04", "num_generations": "8"}
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("rllog.config.")} == {"rllog.config.learning_rate": "1e-05"}
+
+    sink = MlflowSink()  # a resumed run whose init config changed a value
+    sink.open(dataclasses.replace(info, config={"learning_rate": 1e-5, "beta": 0.02}))
+    sink.close("finished")
+    tags = find_run(client, info).data.tags
+    assert (tags["rllog.config.beta"], tags["rllog.config.learning_rate"]) == ("0.02", "1e-05")
+
+
+def test_mlflows_system_metrics_monitor_stays_off(tracker_dirs, client, monkeypatch):
+    """With MLflow's monitor switched on for the process, the sink's run still gets none of its samples
+    (they would describe the delivery process); rllog's own ``system/...`` metrics arrive as metrics."""
+    monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.1")
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
+    info = make_info(tracker_dirs["tmp"])
+    sink = MlflowSink()
+    sink.open(info)
+    sink.write_metrics([rec(1, 0, {"system/memory_rss_mb": 584.0})])
+    time.sleep(1.0)  # ten of the monitor's sampling intervals
+    sink.close("finished")
+    assert set(find_run(client, info).data.metrics) == {"system/memory_rss_mb"}

@@ -41,21 +41,32 @@ def test_one_session_stays_off_the_terminal_and_stores_swanlabs_own_way(tracker_
     print("the trainer's own line")
     with caplog.at_level(logging.WARNING, logger="rllog.backends.swanlab"):
         sink.write_metrics([MetricsRecord(1, 5, 0.0, {"reward": 0.5, "eval/acc/": 0.25, "rllog/step": 7.0})])
-        sink.write_metrics([MetricsRecord(2, 5, 0.0, {"reward": 0.75})])  # same key, same step, right after: SwanLab keeps the first
+        sink.write_metrics(
+            [MetricsRecord(2, 5, 0.0, {"reward": 0.75})]
+        )  # same key, same step, right after: SwanLab keeps the first
         sink.write_metrics([MetricsRecord(3, 4, 0.0, {"reward": 1.0})])  # a step going back is kept
     sink.write_table(TableRecord(4, 5, 0.0, "completions", pa.table({"completion": ["ok"], "tokens": [[1, 2]]})))
     sink.write_config(ConfigRecord(5, 5, 0.0, {"model/name": "tiny-qwen", "beta": 0.04}))
     sink.flush()
 
     [(folder, recs)] = sessions(tracker_dirs["SWANLAB_LOG_DIR"], run_info.run_id)
-    assert {r.scalar.key for r in recs if r.HasField("scalar")} >= {"reward", "rllog/rllog/step", STEP_KEY}, "flush left rows behind"
-    assert [r.scalar.step for r in recs if r.HasField("scalar") and r.scalar.key == STEP_KEY] == [1, 2, 3, 4]  # SwanLab's step: seq
+    assert {r.scalar.key for r in recs if r.HasField("scalar")} >= {"reward", "rllog/rllog/step", STEP_KEY}, (
+        "flush left rows behind"
+    )
+    assert [r.scalar.step for r in recs if r.HasField("scalar") and r.scalar.key == STEP_KEY] == [
+        1,
+        2,
+        3,
+        4,
+    ]  # SwanLab's step: seq
     sink.close("killed")
 
     out, err = capfd.readouterr()
     assert out == "the trainer's own line\n" and err == ""  # nothing from SwanLab on the terminal
     assert not any(r.HasField("log") for r in records(next(folder.glob("run-*.swanlab"))))  # no terminal lines captured
-    assert [r.getMessage() for r in caplog.records if r.name == "rllog.backends.swanlab"] == ["rllog: swanlab keeps the first of two consecutive values of 'reward' at step 5"]
+    assert [r.getMessage() for r in caplog.records if r.name == "rllog.backends.swanlab"] == [
+        "rllog: swanlab keeps the first of two consecutive values of 'reward' at step 5"
+    ]
 
     back = read_back(tracker_dirs, run_info)
     assert back.metrics["reward"] == [(5, 0.5), (4, 1.0)]

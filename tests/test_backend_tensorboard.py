@@ -3,6 +3,7 @@ back with its own ``EventAccumulator`` (and its own Markdown renderer for the ta
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -15,7 +16,7 @@ from readers.tensorboard import logdir_for, read_back
 
 from rllog import registry
 from rllog.records import MetricsRecord, RunInfo, TableRecord
-from rllog_backends.tensorboard import OUT_OF_ORDER, TensorBoardSink, format_cell
+from rllog_backends.tensorboard import OUT_OF_ORDER, TensorBoardSink, format_cell, parse_markdown_table
 
 pytest.importorskip("tensorboard")
 
@@ -335,3 +336,176 @@ def test_a_write_that_fails_half_way_is_cut_back(tracker_dirs, tmp_path, monkeyp
     sink.close("finished")
     assert os.listdir(logdir) == [name]
     assert [s for s, _ in read_back(tracker_dirs, info).metrics["reward"]] == list(range(6))
+
+
+# -- resumed runs -------------------------------------------------------------------------------------
+def legacy_and_server_accumulators(path):
+    """The run loaded by both of TensorBoard's Python loaders: ``event_accumulator`` (legacy, what most
+    scripts use) and ``plugin_event_accumulator`` (TensorBoard's own server with ``--load_fast=false``)."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    server = plugin_event_accumulator.EventAccumulator(path, size_guidance={"tensors": 0})
+    server.Reload()
+    return accumulator(path), server
+
+
+def server_steps(acc, tag):
+    return [e.step for e in acc.Tensors(tag)] if tag in acc.Tags()["tensors"] else []
+
+
+def session_logs(logdir):
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    files = sorted(f for f in os.listdir(logdir) if f.startswith("events.out.tfevents"))
+    return [
+        (e.step, e.session_log.status, e.session_log.msg)
+        for name in files
+        for e in LegacyEventFileLoader(os.path.join(logdir, name)).Load()
+        if e.HasField("session_log")
+    ]
+
+
+def test_a_later_attempt_restarting_earlier_supersedes_with_tensorboards_restart_marker(tracker_dirs, tmp_path):
+    """Attempt 1 logs steps 0-99 (and a late eval at 10) and is killed; attempt 2 resumes from the step-50
+    checkpoint. Both of TensorBoard's loaders show steps 0-49 of attempt 1 and 50 on of attempt 2, no stale
+    point and no stale table; a step going back within attempt 2 still goes to a layer; a reopen in the
+    middle of attempt 2 (a restarted agent) does not restart it again."""
+    from tensorboard.compat.proto import event_pb2
+
+    info = run_info(tmp_path)
+    sink = TensorBoardSink()
+    sink.open(info)
+    sink.write_metrics(records(range(100), keys=["reward", "loss"]))
+    sink.write_metrics(records([10], seq0=101, keys=["entropy"]))  # an evaluation, below the restart step
+    sink.write_metrics(records([5], seq0=102, keys=["reward"]))  # a late point within attempt 1: a layer
+    sink.write_table(TableRecord(103, 99, T0 + 103, "samples", pa.table({"text": ["attempt 1"]})))
+    sink.close("killed")
+
+    resumed = dataclasses.replace(info, attempt_starts=(1, 104))
+    sink = TensorBoardSink()
+    sink.open(resumed)
+    sink.write_metrics([MetricsRecord(104, 99, T0 + 104, {"system/cpu_percent": 50.0})])  # sampled before the trainer logs
+    sink.write_metrics(records(range(50, 150), seq0=105, keys=["reward", "loss"]))
+    sink.write_metrics(records([60], seq0=205, keys=["reward"]))  # back within attempt 2: a layer, no restart
+    sink.write_table(TableRecord(206, 149, T0 + 206, "samples", pa.table({"text": ["attempt 2"]})))
+    sink.close("killed")
+    sink = TensorBoardSink()  # the agent restarted in the middle of attempt 2
+    sink.open(resumed)
+    sink.write_metrics(records([120, 150], seq0=207, keys=["reward"]))
+    sink.close("finished")
+
+    logdir = logdir_for(tracker_dirs, info)
+    legacy, server = legacy_and_server_accumulators(logdir)
+    expected = [*range(50), *range(50, 151)]
+    assert [e.step for e in legacy.Scalars("reward")] == expected
+    assert server_steps(server, "reward") == expected
+    assert [e.value for e in legacy.Scalars("reward")][49:51] == [f32(value(49, "reward")), f32(value(50, "reward"))]
+    assert server_steps(server, "loss") == list(range(150))
+    assert server_steps(server, "samples/text_summary") == [149]  # attempt 1's table at 99 is gone
+    assert server_steps(server, "entropy") == [10]  # below the restart step: kept
+    assert server_steps(server, "system/cpu_percent") == []  # at 99, after the restart step: gone too
+    layer_legacy, layer_server = legacy_and_server_accumulators(os.path.join(logdir, OUT_OF_ORDER))
+    assert [e.step for e in layer_legacy.Scalars("reward")] == [5, 60, 120]
+    assert server_steps(layer_server, "reward") == [5, 60, 120]
+    starts = [(step, msg) for step, status, msg in session_logs(logdir) if status == event_pb2.SessionLog.START]
+    assert starts == [(50, "rllog: session start"), (50, "rllog attempt 2 restarts at step 50")]
+
+    back = read_back(tracker_dirs, info)  # the contract suite's reader: TensorBoard's server loader
+    assert [s for s, _ in back.metrics["reward"]] == [*range(50), 5, *range(50, 150), 60, 120, 150]
+    assert back.tables["samples"] == [(149, [{"text": "attempt 2"}])]
+
+
+def test_an_attempt_that_goes_on_from_where_the_last_stopped_supersedes_nothing(tracker_dirs, tmp_path):
+    from tensorboard.compat.proto import event_pb2
+
+    info = run_info(tmp_path)
+    sink = TensorBoardSink()
+    sink.open(info)
+    sink.write_metrics(records(range(10), keys=["reward"]))
+    sink.close("killed")
+    sink = TensorBoardSink()
+    sink.open(dataclasses.replace(info, attempt_starts=(1, 11)))
+    sink.write_metrics(records(range(10, 20), seq0=11, keys=["reward"]))
+    sink.write_metrics(records([4], seq0=21, keys=["reward"]))  # back within attempt 2: a layer
+    sink.close("finished")
+
+    logdir = logdir_for(tracker_dirs, info)
+    assert [e.step for e in accumulator(logdir).Scalars("reward")] == list(range(20))
+    assert [e.step for e in accumulator(os.path.join(logdir, OUT_OF_ORDER)).Scalars("reward")] == [4]
+    assert session_logs(logdir) == [(10, event_pb2.SessionLog.STATUS_UNSPECIFIED, "rllog attempt 2 continues at step 10")]
+
+
+def test_a_restart_from_step_zero_keeps_the_config_and_the_hparams(tracker_dirs, tmp_path):
+    info = run_info(tmp_path)
+    sink = TensorBoardSink()
+    sink.open(info)
+    sink.write_metrics(records(range(5), keys=["reward"]))
+    sink.close("killed")
+    sink = TensorBoardSink()
+    sink.open(dataclasses.replace(info, attempt_starts=(1, 6)))
+    sink.write_metrics(records(range(3), seq0=6, keys=["reward"]))
+    sink.close("finished")
+
+    back = read_back(tracker_dirs, info)
+    assert back.metrics["reward"] == [(s, f32(value(s, "reward"))) for s in range(3)]
+    assert back.config["learning_rate"] == 1e-6 and back.config["use_vllm"] is False
+    _, server = legacy_and_server_accumulators(logdir_for(tracker_dirs, info))
+    shown = parse_markdown_table(server.Tensors("config/text_summary")[-1].tensor_proto.string_val[0].decode())
+    assert [row["key"] for row in shown] == list(info.config)
+
+
+def test_config_after_open_is_a_text_at_its_step_and_fills_an_empty_hparams(tracker_dirs, tmp_path):
+    from tensorboard.plugins.hparams import metadata as hp_metadata
+
+    from rllog.records import ConfigRecord
+
+    info = run_info(tmp_path, config={})  # accelerate / Lightning: the config arrives after the start
+    sink = TensorBoardSink()
+    sink.open(info)
+    sink.write_config(ConfigRecord(1, 0, T0 + 1, {"learning_rate": 1e-6, "beta": 0.04}))
+    sink.write_metrics(records(range(3), seq0=2, keys=["reward"]))
+    sink.write_config(ConfigRecord(5, 2, T0 + 5, {"learning_rate": 5e-7}))
+    sink.close("finished")
+
+    logdir = logdir_for(tracker_dirs, info)
+    _, server = legacy_and_server_accumulators(logdir)
+    texts = [(e.step, parse_markdown_table(e.tensor_proto.string_val[0].decode())) for e in server.Tensors("config/text_summary")]
+    assert texts[-1] == (
+        2,
+        [{"key": "learning_rate", "value": "5e-07", "set at step": "2"}, {"key": "beta", "value": "0.04", "set at step": "0"}],
+    )
+    content = server.PluginTagToContent(hp_metadata.PLUGIN_NAME)[hp_metadata.SESSION_START_INFO_TAG]
+    hparams = hp_metadata.parse_session_start_info_plugin_data(content).hparams
+    assert {k: v.number_value for k, v in hparams.items()} == {"learning_rate": 1e-6, "beta": 0.04}  # the first config
+    assert read_back(tracker_dirs, info).config == {"learning_rate": "5e-07", "beta": "0.04"}
+
+    sink = TensorBoardSink()  # a reopen (replay) learns the config from the files: no second config text
+    sink.open(dataclasses.replace(info, config={"learning_rate": 5e-7, "beta": 0.04}))
+    sink.close("finished")
+    _, server = legacy_and_server_accumulators(logdir)
+    assert len(server.Tensors("config/text_summary")) == len(texts)
+
+
+def test_tensorboard_logging_dir_is_remembered_for_a_replay_without_it(tracker_dirs, tmp_path, monkeypatch):
+    info = run_info(tmp_path)
+    sink = TensorBoardSink()
+    sink.open(info)
+    sink.write_metrics(records(range(3), keys=["reward"]))
+    sink.close("killed")
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")  # `rllog replay` from another shell
+    sink = TensorBoardSink()
+    sink.open(info)
+    sink.write_metrics(records(range(3, 5), seq0=4, keys=["reward"]))
+    sink.close("finished")
+    assert sink.logdir == os.path.join(tracker_dirs["TENSORBOARD_LOGGING_DIR"], "grpo-run")
+    assert [s for s, _ in read_back(tracker_dirs, info, logdir=sink.logdir).metrics["reward"]] == list(range(5))
+    assert not os.path.exists(os.path.join(info.run_dir, "tensorboard"))
+
+
+def test_a_new_event_file_sorts_after_the_others(tmp_path):
+    from rllog_backends.tensorboard import _new_event_file_name
+
+    later = "events.out.tfevents.4000000000.host.1.000000"  # a clock ahead of ours, or a higher pid
+    (tmp_path / later).write_bytes(b"")
+    name = _new_event_file_name(str(tmp_path))
+    assert name > later and name.startswith("events.out.tfevents.4000000000.")

@@ -7,8 +7,10 @@ only for fault injection (exceptions carrying HTTP 429/5xx).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import sys
 import threading
 
 import pyarrow as pa
@@ -443,3 +445,90 @@ def test_registry_builds_it_from_json_options():
     assert sink.capabilities.tables and sink.capabilities.config and sink.capabilities.alerts
     with pytest.raises(RuntimeError):
         sink.write_metrics([metrics(1, 0, {"a": 1.0})])
+
+
+# -- wandb's own conventions, and what the run says about the trainer ---------------------------------
+WANDB_VARIABLES = {
+    "WANDB_PROJECT": "env-project",
+    "WANDB_NAME": "env-name",
+    "WANDB_RUN_ID": "envrun0001",
+    "WANDB_ENTITY": "env-team",
+    "WANDB_TAGS": "from-env,cluster-a",
+}
+
+
+def run_record(env, wandb_id):
+    """The ``run`` record of every session of wandb run ``wandb_id``, oldest first."""
+    return [m for path in reader.run_files(env["WANDB_DIR"], wandb_id) for kind, m in reader.iter_records(path) if kind == "run"]
+
+
+def test_wandb_variables_apply_when_the_code_gives_no_value(tracker_dirs, tmp_path, monkeypatch):
+    """``rllog.init`` with its default project and name: wandb's variables decide, as with transformers'
+    WandbCallback; a replay from a shell without them continues the same wandb run."""
+    for name, val in WANDB_VARIABLES.items():
+        monkeypatch.setenv(name, val)
+    run_info = RunInfo("rllog", "run-0123abcd", str(tmp_path / "run"), "0123abcd")  # rllog.init's defaults
+    sink = WandbSink()
+    sink.open(run_info)
+    sink.write_metrics([metrics(1, 0, {"reward": 0.5})])
+    sink.close("killed")
+    for name in WANDB_VARIABLES:
+        monkeypatch.delenv(name)
+    sink = WandbSink()  # `rllog replay` from another shell: the run directory remembers the wandb run
+    sink.open(run_info)
+    sink.write_metrics([metrics(2, 1, {"reward": 0.75})])
+    sink.close("finished")
+
+    sessions = run_record(tracker_dirs, "envrun0001")
+    assert [(r.project, r.display_name, r.entity, list(r.tags)) for r in sessions] == [
+        ("env-project", "env-name", "env-team", ["from-env", "cluster-a"])
+    ] * 2
+    assert reader.run_ids(tracker_dirs, run_info) == {"envrun0001"}
+    assert reader.read_back(tracker_dirs, run_info).metrics["reward"] == [(0, 0.5), (1, 0.75)]
+
+
+def test_explicit_values_win_over_wandb_variables(tracker_dirs, tmp_path, monkeypatch):
+    for name, val in WANDB_VARIABLES.items():
+        monkeypatch.setenv(name, val)
+    monkeypatch.setenv("WANDB_RESUME", "must")
+    run_info = RunInfo("grpo-math", "tiny", str(tmp_path / "run"), "0123abcd", tags=("rllog-tag",))
+    sink = WandbSink(id="optionrun01", entity="option-team")
+    sink.open(run_info)
+    assert sink.run.settings.resume == "must"  # WANDB_RESUME (offline wandb cannot tell must from allow)
+    sink.close("finished")
+    [run] = run_record(tracker_dirs, "optionrun01")
+    assert (run.project, run.display_name, run.entity, list(run.tags)) == ("grpo-math", "tiny", "option-team", ["rllog-tag"])
+
+    sink = WandbSink(project="option-project", name="option-name", resume="allow")
+    sink.open(dataclasses.replace(run_info, run_id="4567cdef", tags=()))
+    assert sink.run.settings.resume == "allow"
+    sink.close("finished")
+    [run] = run_record(tracker_dirs, "envrun0001")  # no id option: WANDB_RUN_ID
+    assert (run.project, run.display_name, run.entity, list(run.tags)) == (
+        "option-project",
+        "option-name",
+        "env-team",
+        ["from-env", "cluster-a"],
+    )
+
+
+def test_the_run_describes_the_trainer_not_the_delivery_process(tracker_dirs, tmp_path):
+    """wandb's metadata names the trainer's program and arguments, and wandb samples no system metrics
+    (it would sample the delivery process; rllog sends the trainer's own ``system/...``)."""
+    run_info = info(tmp_path, program="train_grpo.py", args=("--learning_rate", "1e-6", "--report_to", "wandb"))
+    sink = WandbSink()
+    sink.open(run_info)
+    sink.write_metrics([metrics(1, 0, {"reward": 0.5, "system/memory_rss_mb": 584.0})])
+    sink.close("finished")
+
+    records = raw(tracker_dirs, run_info)
+    [environment] = [m for kind, m in records if kind == "environment" and m.program]
+    assert (environment.program, list(environment.args)) == ("train_grpo.py", ["--learning_rate", "1e-6", "--report_to", "wandb"])
+    assert [kind for kind, _ in records if kind == "stats"] == []
+    assert reader.read_back(tracker_dirs, run_info).metrics["system/memory_rss_mb"] == [(0, 584.0)]
+    assert sys.argv[0] != "train_grpo.py"  # the process that opened the run had another command line
+
+    control = WandbSink(settings={"x_disable_stats": False})  # wandb's sampler on: a stats record appears
+    control.open(info(tmp_path, run_id="control01"))
+    control.close("finished")
+    assert [kind for kind, _ in raw(tracker_dirs, info(tmp_path, run_id="control01")) if kind == "stats"]

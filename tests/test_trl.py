@@ -499,5 +499,4 @@ def test_trls_warnings_from_the_trainers_init_point_at_the_users_line(tiny_model
             trainer_class(**build(trainer_class))  # line + 2: shown once for this line
         Trainer(**build(Trainer))  # line + 3: another line, shown again
     shown = [(w.filename, w.lineno) for w in caught if "rollout_func" in str(w.message)]
-    print("SHOWN", line, shown)
     assert shown == [(__file__, line + 2), (__file__, line + 3)]

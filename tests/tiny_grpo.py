@@ -46,12 +46,12 @@ def grpo_dataset(conversational: bool = False):
 
 def make_grpo_trainer(
     model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, *, mixin: bool = True,
-    conversational: bool = False, **config_overrides: Any
+    conversational: bool = False, eval_prompts: int = 0, **config_overrides: Any
 ):
     """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`, unless ``mixin=False``) on the tiny model, CPU only.
 
     4 completions a step, logged every step, rewarded by :func:`reward_has_digit` and :func:`reward_short`;
-    ``config_overrides`` go to ``GRPOConfig``.
+    ``eval_prompts`` of the prompts make the eval dataset; ``config_overrides`` go to ``GRPOConfig``.
     """
     from trl import GRPOConfig, GRPOTrainer
 
@@ -62,6 +62,8 @@ def make_grpo_trainer(
     settings.update(config_overrides)
     kwargs = dict(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings),
                   train_dataset=grpo_dataset(conversational))
+    if eval_prompts:
+        kwargs["eval_dataset"] = grpo_dataset(conversational).select(range(eval_prompts))
     if not mixin:
         return GRPOTrainer(**kwargs)
     from rllog.integrations.trl import RLLogMixin

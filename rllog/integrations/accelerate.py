@@ -66,7 +66,9 @@ class RLLogTracker(GeneralTracker):
     @on_main_process
     def start(self) -> None:
         if self.run is None:
-            self.run = rllog.init(report_to=self.report_to, project=self.project_name, reduce_across_ranks=False, **self.init_kwargs)
+            self.run = rllog.init(
+                report_to=self.report_to, project=self.project_name, reduce_across_ranks=False, **self.init_kwargs
+            )
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:

@@ -43,7 +43,9 @@ class RLLogLogger(Logger):
         **init_kwargs: passed to :func:`rllog.init` (``run_dir``, ``tags``, ``backend_options``...).
     """
 
-    def __init__(self, report_to: Any = None, project: str = "lightning", name: str | None = None, run: Any = None, **init_kwargs: Any):
+    def __init__(
+        self, report_to: Any = None, project: str = "lightning", name: str | None = None, run: Any = None, **init_kwargs: Any
+    ):
         super().__init__()
         self.report_to = report_to
         self.project = project
@@ -65,10 +67,14 @@ class RLLogLogger(Logger):
     def experiment(self) -> Any:
         """The :class:`rllog.Run`, started on first use (again, as a resumed attempt, after ``finalize``)."""
         if self._run is None:
-            self._run = rllog.init(report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **self.init_kwargs)
+            self._run = rllog.init(
+                report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **self.init_kwargs
+            )
         elif self._run.finished and self._owns_run:
             kwargs = {**self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id, "resume": "must"}
-            self._run = rllog.init(report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **kwargs)
+            self._run = rllog.init(
+                report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **kwargs
+            )
         return self._run
 
     @rank_zero_only

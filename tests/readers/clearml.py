@@ -53,7 +53,9 @@ def read_back(env: dict, run_info) -> ReadBack:
     out = ReadBack()
     found = sessions(env["CLEARML_CACHE_DIR"], run_info.run_id)
     if not found:
-        raise FileNotFoundError(f"no ClearML offline session tagged {RUN_ID_TAG + run_info.run_id} under {env['CLEARML_CACHE_DIR']}")
+        raise FileNotFoundError(
+            f"no ClearML offline session tagged {RUN_ID_TAG + run_info.run_id} under {env['CLEARML_CACHE_DIR']}"
+        )
     for task, events in found:
         for event in events:
             key = key_of(event["metric"], event["variant"])
