@@ -23,8 +23,8 @@ import sys
 import threading
 import time
 from collections import deque
-from functools import partial
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 

@@ -22,7 +22,6 @@ A file lock (``RUN_DIR/delivery/<sink>.lock``) makes sure two deliverers never s
 from __future__ import annotations
 
 import collections
-from functools import partial
 import errno
 import json
 import logging
@@ -32,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 

@@ -18,7 +18,7 @@ import rllog
 from rllog.summary import RunSummary, summarise
 
 
-def simulate(run: "rllog.Run", steps: int, seed: int = 0) -> None:
+def simulate(run: rllog.Run, steps: int, seed: int = 0) -> None:
     """~30 GRPO-shaped metrics a step and a completions table every 10 steps."""
     rng = random.Random(seed)
     entropy = 2.2
@@ -28,27 +28,47 @@ def simulate(run: "rllog.Run", steps: int, seed: int = 0) -> None:
         entropy *= 0.985
         length = 60 + 40 * math.sin(progress * 3) + rng.gauss(0, 3)
         metrics = {
-            "loss": rng.gauss(0.0, 0.02), "grad_norm": abs(rng.gauss(0.8, 0.2)), "learning_rate": 1e-6 * (1 - progress),
-            "num_tokens": float((step + 1) * 4096), "reward": reward, "reward_std": abs(rng.gauss(0.3, 0.05)),
-            "rewards/accuracy/mean": reward, "rewards/accuracy/std": abs(rng.gauss(0.3, 0.05)),
-            "rewards/format/mean": min(1.0, 0.5 + progress), "rewards/format/std": 0.1,
-            "frac_reward_zero_std": max(0.0, 0.3 - 0.25 * progress), "kl": 0.002 + 0.03 * progress, "entropy": entropy,
-            "completions/mean_length": length, "completions/min_length": length - 30, "completions/max_length": length + 60,
-            "completions/clipped_ratio": 0.05 + 0.05 * progress, "completions/mean_terminated_length": length - 5,
-            "completions/min_terminated_length": length - 35, "completions/max_terminated_length": length + 40,
-            "clip_ratio/low_mean": 0.01, "clip_ratio/high_mean": 0.02, "clip_ratio/region_mean": 0.03,
-            "clip_ratio/low_min": 0.0, "clip_ratio/high_max": 0.05, "step_time": 0.5 + rng.random() * 0.1,
+            "loss": rng.gauss(0.0, 0.02),
+            "grad_norm": abs(rng.gauss(0.8, 0.2)),
+            "learning_rate": 1e-6 * (1 - progress),
+            "num_tokens": float((step + 1) * 4096),
+            "reward": reward,
+            "reward_std": abs(rng.gauss(0.3, 0.05)),
+            "rewards/accuracy/mean": reward,
+            "rewards/accuracy/std": abs(rng.gauss(0.3, 0.05)),
+            "rewards/format/mean": min(1.0, 0.5 + progress),
+            "rewards/format/std": 0.1,
+            "frac_reward_zero_std": max(0.0, 0.3 - 0.25 * progress),
+            "kl": 0.002 + 0.03 * progress,
+            "entropy": entropy,
+            "completions/mean_length": length,
+            "completions/min_length": length - 30,
+            "completions/max_length": length + 60,
+            "completions/clipped_ratio": 0.05 + 0.05 * progress,
+            "completions/mean_terminated_length": length - 5,
+            "completions/min_terminated_length": length - 35,
+            "completions/max_terminated_length": length + 40,
+            "clip_ratio/low_mean": 0.01,
+            "clip_ratio/high_mean": 0.02,
+            "clip_ratio/region_mean": 0.03,
+            "clip_ratio/low_min": 0.0,
+            "clip_ratio/high_max": 0.05,
+            "step_time": 0.5 + rng.random() * 0.1,
             "epoch": progress,
         }
         run.log(metrics, step=step)
         if step % 10 == 0:
             n = 4
-            run.log_table("completions", {
-                "prompt": [f"What is {step}+{i}?" for i in range(n)],
-                "completion": [f"{step + i}" if rng.random() < reward else "I am not sure" for i in range(n)],
-                "rewards/accuracy": [rng.random() for _ in range(n)],
-                "advantage": [rng.gauss(0, 1) for _ in range(n)],
-            }, step=step)
+            run.log_table(
+                "completions",
+                {
+                    "prompt": [f"What is {step}+{i}?" for i in range(n)],
+                    "completion": [f"{step + i}" if rng.random() < reward else "I am not sure" for i in range(n)],
+                    "rewards/accuracy": [rng.random() for _ in range(n)],
+                    "advantage": [rng.gauss(0, 1) for _ in range(n)],
+                },
+                step=step,
+            )
 
 
 @dataclass(frozen=True)
@@ -102,7 +122,7 @@ PROMPTS = [f"What is {a} plus {b}?" for a in range(1, 9) for b in range(1, 5)]
 
 def build_tiny_model(directory: str) -> str:
     """Build and save a tiny random Qwen2 model with a ByteLevel BPE tokenizer (no hub, a few seconds)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     specials = ["<pad>", "<|im_end|>", "<|im_start|>"]
@@ -110,12 +130,26 @@ def build_tiny_model(directory: str) -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     corpus = PROMPTS + ["The answer is 12.", "user", "assistant", "0123456789 plus minus equals"] * 4
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token=None, padding_side="left")
+    tok.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<|im_end|>", bos_token=None, padding_side="left"
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
     import torch
 
     torch.manual_seed(0)
@@ -151,12 +185,32 @@ def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: An
     class Trainer(RLLogMixin, GRPOTrainer):
         pass
 
-    settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-                    max_steps=steps, logging_steps=1, report_to=report_to, log_completions=True, num_completions_to_print=0,
-                    beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False, dataloader_num_workers=0)
+    settings = dict(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=steps,
+        logging_steps=1,
+        report_to=report_to,
+        log_completions=True,
+        num_completions_to_print=0,
+        beta=0.04,
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+        dataloader_num_workers=0,
+    )
     dataset = Dataset.from_dict({"prompt": PROMPTS})
-    return Trainer(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings), train_dataset=dataset,
-                   rllog_options=rllog_options)
+    return Trainer(
+        model=model_dir,
+        reward_funcs=[reward_has_digit, reward_short],
+        args=GRPOConfig(**settings),
+        train_dataset=dataset,
+        rllog_options=rllog_options,
+    )
 
 
 def train_tiny_grpo(

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from rllog.summary import RunSummary, summarise
 
@@ -77,7 +78,7 @@ def plot_run(
     cols = min(3, len(names))
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.0 * rows), squeeze=False)
-    for ax, name in zip(axes.flat, names):
+    for ax, name in zip(axes.flat, names, strict=False):  # more axes than names: the grid is filled row by row
         points = sorted(s.series[name])
         xs, ys = [p[0] for p in points], [p[1] for p in points]
         ax.plot(xs, ys, marker="." if len(points) < 60 else None, linewidth=1.2, color="#1f77b4", zorder=3)
@@ -114,10 +115,14 @@ def plot_run(
         ax.grid(alpha=0.3)
         if info is not None and (info.healthy is not None or _rule_thresholds(name)):
             ax.legend(fontsize=6, loc="best")
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     if marks:
-        fig.suptitle(f"{len(marks)} health alert{'s' if len(marks) != 1 else ''} (vertical lines; see `rllog show`)", fontsize=9, color=LEVEL_COLOUR["error"])
+        fig.suptitle(
+            f"{len(marks)} health alert{'s' if len(marks) != 1 else ''} (vertical lines; see `rllog show`)",
+            fontsize=9,
+            color=LEVEL_COLOUR["error"],
+        )
     fig.tight_layout()
     out = Path(output) if output else Path(run_dir) / "metrics.png"
     fig.savefig(out, dpi=110)
