@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PROJECT = "rllog"  # rllog.init's default project
 REMEMBERED_DIR = "trackers"  # below RUN_DIR: <tracker>.json, the tracker run chosen for this rllog run
+RUN_ID_KEY = "rllog_run_id"  # in that file: the rllog run it belongs to
 
 
 def explicit_project(run_info: RunInfo) -> str | None:
@@ -82,7 +83,7 @@ class Remembered:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"run_id": self.run_id, **merged}, indent=1, sort_keys=True))
+            tmp.write_text(json.dumps({**merged, RUN_ID_KEY: self.run_id}, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
             self.values = merged
         except OSError as exc:
@@ -96,6 +97,6 @@ class Remembered:
         except (OSError, ValueError) as exc:
             log.warning("rllog: ignoring unreadable %s: %s", self.path, exc)
             return {}
-        if not isinstance(data, dict) or data.pop("run_id", None) != self.run_id:
+        if not isinstance(data, dict) or data.pop(RUN_ID_KEY, None) != self.run_id:
             return {}
         return data

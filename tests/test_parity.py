@@ -152,3 +152,83 @@ def values(series: list[tuple[int, float]]) -> list[float]:
 
 def same_values(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-6, abs=1e-9) for x, y in zip(a, b))
+
+
+def rllog_info(both_ways):
+    env, result, out = both_ways["rllog"]
+    assert result["ok"], result["report"]
+    return env, load_run_info(result["run_dir"])[0], out
+
+
+def assert_same_series(native: dict, ours: dict, by_step: bool = True) -> None:
+    """Every deterministic native series is in ``ours`` with the same values (and steps, if ``by_step``)."""
+    compared = deterministic(native)
+    assert compared, "nothing to compare"
+    for key, series in compared.items():
+        assert same_values(values(series), values(ours[key])), (key, series, ours[key])
+        if by_step:
+            assert [s for s, _ in series] == [s for s, _ in ours[key]], key
+
+
+def test_tensorboard_keeps_every_chart_and_value_where_transformers_writes_it(both_ways):
+    native = native_tensorboard(both_ways["native"][2])
+    env, info, out = rllog_info(both_ways)
+    (logdir,) = (out / "runs").iterdir()  # <output_dir>/runs/<Mon DD_HH-MM-SS>_<host>, as transformers' callback
+    ours = readers.tensorboard.read_back(env, info, logdir=str(logdir))
+    assert set(native.metrics) <= set(ours.metrics), set(native.metrics) - set(ours.metrics)
+    assert {"train/reward", "eval/reward", "train/train_runtime"} <= set(native.metrics)
+    assert_same_series(native.metrics, ours.metrics)
+    assert any(k.startswith("profiling/") for k in ours.metrics)  # more than transformers gives TensorBoard:
+    assert [s for s, _ in ours.tables["completions"]] == [1, 2, 3]  # timings and the completions
+    assert ours.status == "finished"
+
+
+def test_mlflow_gets_the_names_every_other_tracker_gets(both_ways):
+    native = native_mlflow(both_ways["native"][0])
+    env, info, _ = rllog_info(both_ways)
+    ours = readers.mlflow.read_back(env, info)
+    # transformers' MLflow callback logs "loss", "eval_loss"; rllog gives MLflow what the others get (documented)
+    expected = {key if key.startswith("profiling/") else rename(key): series for key, series in native.metrics.items()}
+    assert {"train/loss", "eval/loss", "profiling/Time taken: GRPOTrainer.reward_has_digit"} <= set(expected)
+    assert set(expected) <= set(ours.metrics), set(expected) - set(ours.metrics)
+    assert_same_series(expected, ours.metrics)
+    assert ours.config["report_to"] == native.config["report_to"] == str(TRACKERS)  # MLflow params are text
+    assert ours.config["model/num_parameters"] == str(both_ways["native"][1]["num_parameters"])  # transformers gives MLflow none
+    assert [s for s, _ in ours.tables["completions"]] == [1, 2, 3]
+
+
+def test_wandb_keeps_every_chart_value_config_and_completions_row(both_ways):
+    native_env, native_result, _ = both_ways["native"]
+    rows, native_config = wandb_rows(native_env)
+    env, info, _ = rllog_info(both_ways)
+    ours = readers.wandb.read_back(env, info)
+    charts = {k for row in rows for k, v in row.items() if isinstance(v, (int, float)) and not k.startswith("_")} - {"train/global_step"}
+    assert {"train/reward", "eval/loss", "profiling/Time taken: GRPOTrainer._prepare_inputs"} <= charts
+    assert charts <= set(ours.metrics), charts - set(ours.metrics)  # profiling rows included: TRL logs them to wandb itself
+    stepped = ReadBack()
+    readers.wandb.read_file(wandb_run_file(native_env), stepped)  # the rows on transformers' train/global_step axis
+    assert_same_series(stepped.metrics, ours.metrics)
+    assert ours.config["report_to"] == native_config["report_to"] == TRACKERS  # a list, not its text
+    assert ours.config["model/num_parameters"] == native_config["model/num_parameters"] == native_result["num_parameters"]
+    # TRL's wandb tables: one per log call, train and eval under one name, and again with the final summary
+    native_tables = [row["completions"] for row in rows if "completions" in row]
+    ours_tables = [t for _, t in ours.tables["completions"]] + [t for _, t in ours.tables["eval/completions"]]
+    assert [s for s, _ in ours.tables["completions"]] == [1, 2, 3] and [s for s, _ in ours.tables["eval/completions"]] == [3]
+    assert all(len(t) == 1 for t in ours_tables)  # log_unique_prompts: one row per prompt
+    assert ours_tables == native_tables[: len(ours_tables)] and native_tables[-1] == native_tables[-2]  # same rows, "step" column included
+
+
+def test_trackio_keeps_every_chart_value_config_and_completions_row(both_ways):
+    native = trackio_run(both_ways["native"][0])
+    env, info, _ = rllog_info(both_ways)
+    ours = readers.trackio.read_back(env, info)
+    charts = set(native.metrics) - {"train/global_step"}
+    assert charts <= set(ours.metrics), charts - set(ours.metrics)
+    # transformers logs trackio rows on trackio's own counter (1, 3, 5 here: table rows in between); rllog on the trainer's step
+    assert_same_series(native.metrics | {"train/global_step": []}, ours.metrics | {"train/global_step": []}, by_step=False)
+    assert [s for s, _ in ours.metrics["train/reward"]] == [1, 2, 3]
+    assert ours.config["report_to"] == native.config["report_to"] == TRACKERS
+    assert ours.config["model/num_parameters"] == native.config["model/num_parameters"]
+    native_rows = [t for _, t in native.tables["completions"]]
+    ours_rows = [t for _, t in ours.tables["completions"]] + [t for _, t in ours.tables["eval/completions"]]
+    assert ours_rows == native_rows[: len(ours_rows)]
