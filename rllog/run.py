@@ -10,6 +10,7 @@ directory's files and the report are :mod:`rllog.rundir`'s.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import math
 import os
@@ -131,7 +132,7 @@ class NullRun(RunBase):
         self._prepare_table(name, table)
 
     def update_config(self, values: Any) -> None:
-        flatten_config(values)  # validated like the real run's
+        flatten_config(values, keep_lists=True)  # validated like the real run's
 
     def flush(self, timeout: float = 60.0) -> FinishReport:
         return FinishReport()
@@ -250,7 +251,7 @@ class Run(RunBase):
             raise RunDirError(
                 f"resume='must' but there is no run to resume ({'run_dir ' + str(run_dir) if run_dir else 'run_id ' + str(run_id)})"
             )
-        next_seq, attempts, config_flat = 1, [], flatten_config(config)
+        next_seq, attempts, config_flat = 1, [], flatten_config(config, keep_lists=True)
         if self.resumed:
             assert existing is not None
             self.run_dir = existing.resolve()
@@ -292,6 +293,7 @@ class Run(RunBase):
         self._named = [s for s in selected if isinstance(s, str)]
         self._objects = [s for s in selected if not isinstance(s, str)]
         self.sink_names = list(self._named) + self._object_names(self._objects)
+        self._options = options
         self._run_file(options).write(self.run_dir)
         self.max_pending = max_pending
         self._backpressure_warned = False
@@ -393,12 +395,15 @@ class Run(RunBase):
         ``values`` is flattened and redacted like ``init``'s ``config`` and journaled; every sink that
         takes config records it (MLflow params, wandb config, parquet's run file, ...).
         """
-        flat = flatten_config(values)
+        flat = flatten_config(values, keep_lists=True)
         now = time.time()
         with self._lock:
             self._check_open()
             self._seq += 1
             self._writer.append(ConfigRecord(self._seq, max(self._step, 0), now, flat))
+            # a sink opened again (agent restart, replay, resume) starts from the config as it is now
+            self.info = dataclasses.replace(self.info, config={**self.info.config, **flat})
+        self._run_file(self._options).write(self.run_dir)
 
     def flush(self, timeout: float = 60.0) -> FinishReport:
         """Block until every record logged before the call is written and flushed in every healthy sink.

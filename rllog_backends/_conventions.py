@@ -12,8 +12,10 @@ Each backend settles every setting the same way, first match wins:
 4. rllog's default (the rllog project, name and a tracker id derived from the run id).
 
 ``rllog.init`` gives every run a project (default ``"rllog"``) and a name (default ``"run-<run id>"``);
-a sink cannot tell a default from a user who chose those very values, so those two values count as
-defaults.
+a sink cannot tell a default from a user who chose those very values, so those values count as
+defaults, and so does ``"huggingface"``, the default of ``TrainingArguments.project`` that the
+transformers/TRL integration passes on (transformers' own ``WandbCallback`` lets ``WANDB_PROJECT`` win
+over it too).
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from rllog.records import RunInfo
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROJECT = "rllog"  # rllog.init's default project
+DEFAULT_PROJECTS = ("rllog", "huggingface")  # rllog.init's default project; TrainingArguments.project's default
 REMEMBERED_DIR = "trackers"  # below RUN_DIR: <tracker>.json, the tracker run chosen for this rllog run
 RUN_ID_KEY = "rllog_run_id"  # in that file: the rllog run it belongs to
 
 
 def explicit_project(run_info: RunInfo) -> str | None:
-    """``run_info.project`` when the user chose it (anything but rllog's default ``"rllog"``), else None."""
-    return run_info.project if run_info.project and run_info.project != DEFAULT_PROJECT else None
+    """``run_info.project`` when the user chose it (anything but the defaults ``"rllog"`` and ``"huggingface"``), else None."""
+    return run_info.project if run_info.project and run_info.project not in DEFAULT_PROJECTS else None
 
 
 def explicit_name(run_info: RunInfo) -> str | None:
@@ -50,8 +52,8 @@ def env(name: str) -> str | None:
 
 
 def first(*values: Any) -> Any:
-    """The first value that is not None or empty (None if there is none)."""
-    return next((v for v in values if v not in (None, "")), None)
+    """The first value that is not None and not an empty string or collection (None if there is none)."""
+    return next((v for v in values if v is not None and not (isinstance(v, (str, list, tuple, dict)) and not v)), None)
 
 
 class Remembered:

@@ -318,13 +318,13 @@ class WandbSink:
                 Path(directory).mkdir(parents=True, exist_ok=True)
                 self._run = wandb.init(
                     **identity,
-                    group=self.group,
-                    job_type=self.job_type,
+                    # wandb reads its variables once per process (at its first init): read them here.
+                    group=first(self.group, env("WANDB_RUN_GROUP")),
+                    job_type=first(self.job_type, env("WANDB_JOB_TYPE")),
                     mode=self.mode,  # type: ignore[arg-type]  # a str option, checked by wandb
                     resume=first(self.resume, env("WANDB_RESUME"), DEFAULT_RESUME),
                     config=dict(run_info.config),
                     allow_val_change=True,  # a resumed run gets the same config again
-                    tags=_clean_tags(run_info.tags) or None,  # None: wandb reads WANDB_TAGS
                     dir=str(directory),
                     # A new run object every time, without touching wandb.run: works from any
                     # thread, several times per process, next to the user's own wandb run.
@@ -337,9 +337,9 @@ class WandbSink:
             self._run.define_metric("*", step_metric=self.step_key)
 
     def identity(self, run_info: RunInfo, remembered: Remembered | None = None) -> dict[str, Any]:
-        """The ``project``, ``entity``, ``name`` and ``id`` the run is opened with: an option, else
-        ``rllog.init``'s own value when not a default, else wandb's variable, else what an earlier
-        session chose, else rllog's default."""
+        """The ``project``, ``entity``, ``name``, ``id`` and ``tags`` the run is opened with: an option (or
+        ``rllog.init``'s value when not a default), else wandb's variable, else what an earlier session
+        chose, else rllog's default."""
         remembered = remembered or Remembered(run_info.run_dir, "wandb", run_info.run_id)
         project = first(
             self.project, explicit_project(run_info), env("WANDB_PROJECT"), remembered.get("project"), run_info.project
@@ -349,6 +349,7 @@ class WandbSink:
             "entity": first(self.entity, env("WANDB_ENTITY"), remembered.get("entity")),
             "name": first(self.name, explicit_name(run_info), env("WANDB_NAME"), remembered.get("name"), run_info.name),
             "id": first(self.id, env("WANDB_RUN_ID"), remembered.get("id"), wandb_run_id(run_info.run_id)),
+            "tags": first(_clean_tags(run_info.tags), _clean_tags((env("WANDB_TAGS") or "").split(",")), remembered.get("tags")),
         }
 
     def _settings(self, run_info: RunInfo) -> dict[str, Any]:

@@ -7,6 +7,7 @@ takes about 1 s (Comet's streamer thread wakes up once a second), so tests keep 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -207,6 +208,10 @@ def test_tables_round_trip_with_types_and_new_columns(tracker_dirs):
     sink.write_table(TableRecord(seq=2, step=0, time=0.0, name="completions", table=first))
     sink.write_table(TableRecord(seq=3, step=20, time=0.0, name="completions", table=second))
     sink.write_table(TableRecord(seq=4, step=20, time=0.0, name="eval/samples", table=pa.table({"x": pa.array([], pa.int64())})))
+    # Names that a plain character replacement would make one asset name with "eval/samples" at this step.
+    sink.write_table(TableRecord(seq=5, step=20, time=0.0, name="eval_samples", table=pa.table({"x": [1]})))
+    sink.write_table(TableRecord(seq=6, step=20, time=0.0, name="eval__samples", table=pa.table({"x": [2]})))
+    sink.write_table(TableRecord(seq=7, step=20, time=0.0, name="eval samples", table=pa.table({"x": [3]})))
     sink.close("finished")
 
     assert_uploadable(zips(env)[0])
@@ -219,6 +224,7 @@ def test_tables_round_trip_with_types_and_new_columns(tracker_dirs):
             assert all(same(got[k], want[k]) for k in want), (got, want)
             assert all(type(got[k]) is type(want[k]) for k in want), (got, want)
     assert back.tables["eval/samples"] == [(20, [])]
+    assert [back.tables[n] for n in ("eval_samples", "eval__samples", "eval samples")] == [[(20, [{"x": i}])] for i in (1, 2, 3)]
 
     # what Comet shows: a CSV asset per table and step
     with zipfile.ZipFile(zips(env)[0]) as z:
@@ -226,7 +232,14 @@ def test_tables_round_trip_with_types_and_new_columns(tracker_dirs):
             json.loads(line)["payload"] for line in z.read("messages.json").decode().splitlines() if '"file_upload"' in line
         ]
         names = [u["additional_params"]["fileName"] for u in uploads]
-        assert names == ["completions_step_000000.csv", "completions_step_000020.csv", "eval_samples_step_000020.csv"]
+        assert names[:5] == [
+            "completions_step_000000.csv",
+            "completions_step_000020.csv",
+            "eval__samples_step_000020.csv",
+            "eval_samples_step_000020.csv",
+            f"eval__samples-{hashlib.sha1(b'eval__samples').hexdigest()[:8]}_step_000020.csv",
+        ]
+        assert len(set(names)) == len(names) == 6  # one asset per table name and step
         first_csv = z.read(uploads[0]["file_path"]).decode()
         second_csv = z.read(uploads[1]["file_path"]).decode()
     assert first_csv == (
@@ -505,3 +518,73 @@ def test_errors_raised_by_comet_are_mapped_and_the_retry_lands_once(tracker_dirs
     back = read_back("comet_ml", env, info)
     assert back.metrics == {"reward": [(0, 0.5)]}
     assert back.tables == {}
+
+
+# -- Comet's own conventions, and what Comet records about the process -------------------------------
+COMET_VARIABLES = {"COMET_PROJECT_NAME": "env-project", "COMET_WORKSPACE": "env-team", "COMET_EXPERIMENT_KEY": "e" * 32}
+
+
+def experiment_files(env) -> list[dict]:
+    found = []
+    for path in zips(env):
+        with zipfile.ZipFile(path) as z:
+            found.append(json.loads(z.read("experiment.json")))
+    return sorted(found, key=lambda e: e["start_time"])
+
+
+def test_comet_variables_apply_when_the_code_gives_no_value(tracker_dirs, monkeypatch):
+    """``rllog.init`` with its default project: Comet's variables decide (project, workspace, experiment key);
+    a replay from a shell without them continues the same experiment."""
+    env = tracker_dirs
+    for name, val in COMET_VARIABLES.items():
+        monkeypatch.setenv(name, val)
+    info = RunInfo("rllog", "run-0badcafe", str(Path(env["tmp"]) / "run"), "0badcafe")  # rllog.init's defaults
+    sink = CometSink()
+    sink.open(info)
+    sink.write_metrics([MetricsRecord(seq=1, step=0, time=0.0, values={"reward": 0.5})])
+    sink.close("killed")
+    for name in COMET_VARIABLES:
+        monkeypatch.delenv(name)
+    sink = CometSink()  # `rllog replay` from another shell
+    sink.open(info)
+    sink.write_metrics([MetricsRecord(seq=2, step=1, time=0.0, values={"reward": 0.75})])
+    sink.close("finished")
+
+    sessions = [(e["offline_id"], e["project_name"], e["workspace"]) for e in experiment_files(env)]
+    assert sessions == [("e" * 32, "env-project", "env-team")] * 2
+    assert read_back("comet_ml", env, info).metrics["reward"] == [(0, 0.5), (1, 0.75)]
+
+
+def test_explicit_values_win_over_comet_variables(tracker_dirs, monkeypatch):
+    env = tracker_dirs
+    for name, val in COMET_VARIABLES.items():
+        monkeypatch.setenv(name, val)
+    info = make_run_info(env)  # project "grpo-math" given to rllog.init
+    sink = CometSink(workspace="option-team", experiment_key="k" * 40)
+    sink.open(info)
+    sink.close("finished")
+    [session] = experiment_files(env)
+    assert (session["offline_id"], session["project_name"], session["workspace"]) == ("k" * 40, "grpo-math", "option-team")
+
+
+def test_comet_records_nothing_of_the_delivery_process(tracker_dirs):
+    """No system metrics, no installed or OS packages: they would describe rllog's delivery process (rllog
+    sends the trainer's own ``system/...`` metrics). Control: with ``log_env_details`` Comet records them."""
+    env = tracker_dirs
+
+    def recorded(sink, run_id):
+        info = make_run_info(env, name=run_id, run_id=run_id)
+        sink.open(info)
+        sink.write_metrics([MetricsRecord(seq=1, step=0, time=0.0, values={"system/memory_rss_mb": 584.0})])
+        sink.close("finished")
+        [archive] = [p for p in zips(env) if run_id in zipfile.ZipFile(p).read("messages.json").decode()]
+        with zipfile.ZipFile(archive) as z:
+            messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
+        metrics = {m["payload"]["metric"]["metricName"] for m in messages if m["type"] == "metric_msg"}
+        return {m["type"] for m in messages}, {name for name in metrics if name.startswith("sys.")}, metrics
+
+    kinds, comet_system, metrics = recorded(CometSink(), "default0")
+    assert not comet_system and not kinds & {"installed_packages", "os_packages"}
+    assert "system/memory_rss_mb" in metrics
+    kinds, comet_system, _ = recorded(CometSink(log_env_details=True), "control0")
+    assert comet_system and kinds & {"installed_packages", "os_packages"}

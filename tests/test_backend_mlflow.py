@@ -426,12 +426,19 @@ def test_mlflow_experiment_name_applies_unless_the_project_is_given(tracker_dirs
     default = RunInfo("rllog", "run-aaaa", str(Path(tracker_dirs["tmp"]) / "a"), "aaaa")  # rllog.init's defaults
     given = RunInfo("grpo-math", "tiny", str(Path(tracker_dirs["tmp"]) / "b"), "bbbb")
     option = RunInfo("grpo-math", "tiny", str(Path(tracker_dirs["tmp"]) / "c"), "cccc")
-    for info, sink in ((default, MlflowSink()), (given, MlflowSink()), (option, MlflowSink(experiment_name="from-option"))):
+    trainer = RunInfo("huggingface", "tiny", str(Path(tracker_dirs["tmp"]) / "d"), "dddd")  # TrainingArguments.project's default
+    sinks = [
+        (default, MlflowSink()),
+        (given, MlflowSink()),
+        (option, MlflowSink(experiment_name="from-option")),
+        (trainer, MlflowSink()),
+    ]
+    for info, sink in sinks:
         sink.open(info)
         sink.close("finished")
     experiments = {e.name: e.experiment_id for e in client.search_experiments()}
     runs = {e: sorted(r.data.tags["rllog.run_id"] for r in client.search_runs([i])) for e, i in experiments.items()}
-    assert {e: r for e, r in runs.items() if r} == {"from-env": ["aaaa"], "grpo-math": ["bbbb"], "from-option": ["cccc"]}
+    assert {e: r for e, r in runs.items() if r} == {"from-env": ["aaaa", "dddd"], "grpo-math": ["bbbb"], "from-option": ["cccc"]}
 
 
 def test_a_changed_config_value_keeps_the_param_and_tags_the_new_value(tracker_dirs, client):

@@ -297,3 +297,26 @@ def test_jsonl_mode_writes_fragments_that_trackio_imports(tracker_dirs, tmp_path
     imported = read_back(tracker_dirs, info)
     assert imported == pending
     assert imported.tables == {"completions": [(2, [{"a": 1}])]} and imported.config["learning_rate"] == 1e-6
+
+
+def test_config_after_open_is_stored_at_once_and_trackios_monitors_stay_off(tracker_dirs, tmp_path):
+    """``Run.update_config``: merged into the run's config row when the call returns (trackio stores config
+    with a metrics row: an empty one, written once however often the call is repeated). trackio's CPU/GPU
+    monitors never start (they would measure the delivery process)."""
+    from rllog.records import ConfigRecord
+
+    info = run_info(tmp_path, config={"learning_rate": 1e-6, "_n_gpu": 1})
+    sink = TrackioSink()
+    sink.open(info)
+    assert (sink._run._cpu_monitor, sink._run._gpu_monitor) == (None, None)
+    sink.write_metrics(records([0], keys=["reward"]))
+    update = ConfigRecord(2, 0, T0 + 2, {"learning_rate": 5e-7, "num_generations": 8, "_name_or_path": "tiny"})
+    sink.write_config(update)
+    sink.write_config(update)  # the delivery layer's retry
+    [(config,)] = sql(tracker_dirs, "SELECT config FROM configs WHERE run_id = ?", "r0001")
+    stored = {k: v for k, v in json.loads(config).items() if not k.startswith("_")}
+    assert stored == {"learning_rate": 5e-7, "config/_n_gpu": 1, "num_generations": 8, "config/_name_or_path": "tiny"}
+    rows = sql(tracker_dirs, "SELECT step, metrics FROM metrics WHERE run_id = ? ORDER BY id", "r0001")
+    assert [(step, json.loads(metrics)) for step, metrics in rows[1:]] == [(0, {})]
+    sink.close("finished")
+    assert sql(tracker_dirs, "SELECT count(*) FROM system_metrics") == [(0,)]

@@ -24,7 +24,6 @@ from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
 from rllog_backends.wandb import WandbSink, exit_written, map_error, wandb_run_id
 
-FAST = {"x_disable_stats": True}  # no system-metrics sampler: quicker init, nothing else changes
 GRPO_KEYS = [
     "loss",
     "grad_norm",
@@ -87,7 +86,7 @@ def history_items(records):
 
 def test_grpo_metrics_arrive_exactly_at_their_steps_even_going_back(tracker_dirs, tmp_path):
     run_info = info(tmp_path)
-    sink = WandbSink(settings=FAST)
+    sink = WandbSink()
     sink.open(run_info)
     expected: dict[str, list] = {k: [] for k in GRPO_KEYS}
     batch, seq = [], 0
@@ -139,7 +138,7 @@ def test_grpo_metrics_arrive_exactly_at_their_steps_even_going_back(tracker_dirs
 def test_nan_inf_tokens_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
     """NaN/inf read back: the contract suite. Here: how wandb writes them, and its own keys."""
     run_info = info(tmp_path)
-    sink = WandbSink(settings=FAST)
+    sink = WandbSink()
     sink.open(run_info)
     sink.write_metrics(
         [
@@ -169,7 +168,7 @@ def test_nan_inf_tokens_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
 def test_tables_with_odd_cells(tracker_dirs, tmp_path):
     """Tables at their steps with a later column: the contract suite. Here: cells wandb needs converted."""
     run_info = info(tmp_path)
-    sink = WandbSink(settings=FAST)
+    sink = WandbSink()
     sink.open(run_info)
     sink.write_metrics([metrics(1, 0, {"reward": 0.5})])
     sink.write_table(table(2, 0, "completions", {"prompt": ["2+2=", "3+3="], "completion": ["4", "six"], "reward": [1.0, 0.0]}))
@@ -209,11 +208,11 @@ def test_tables_with_odd_cells(tracker_dirs, tmp_path):
 
 def test_table_over_wandb_row_limit_is_split_not_truncated(tracker_dirs, tmp_path):
     run_info = info(tmp_path)
-    sink = WandbSink(settings=FAST)
+    sink = WandbSink()
     sink.open(run_info)
     n = 10_001  # wandb.Table keeps 10,000 rows of a logged table and cuts the rest silently
     sink.write_table(table(1, 7, "completions", {"i": list(range(n)), "text": [f"row {i}" for i in range(n)]}))
-    small = WandbSink(settings=FAST, max_table_rows=3)
+    small = WandbSink(max_table_rows=3)
     sink.close("finished")
     small.open(run_info)  # resumes the same wandb run
     small.write_table(table(2, 8, "tiny", {"i": list(range(7))}))
@@ -247,7 +246,7 @@ def test_config_tags_and_exit_codes(tracker_dirs, tmp_path):
     }
     for run_id, status in (("st-finished", "finished"), ("st-failed", "failed"), ("st-killed", "killed")):
         run_info = info(tmp_path, run_id=run_id, config=config, tags=("grpo", "t" * 100, ""))
-        sink = WandbSink(settings=FAST)
+        sink = WandbSink()
         sink.open(run_info)
         sink.write_metrics([metrics(1, 0, {"reward": 1.0})])
         sink.close(status)
@@ -262,7 +261,7 @@ def test_config_tags_and_exit_codes(tracker_dirs, tmp_path):
 
 def test_replay_resumes_the_same_wandb_run_from_another_thread(tracker_dirs, tmp_path):
     run_info = info(tmp_path, run_id="resume01", config={"lr": 0.1})
-    first = WandbSink(settings=FAST)
+    first = WandbSink()
     first.open(run_info)
     first.write_metrics([metrics(i, i - 1, {"reward": float(i)}) for i in range(1, 4)])
     first.close("killed")  # e.g. the trainer died; the rest is delivered later by `rllog replay`
@@ -271,7 +270,7 @@ def test_replay_resumes_the_same_wandb_run_from_another_thread(tracker_dirs, tmp
 
     def replay():
         try:
-            sink = WandbSink(settings=FAST)
+            sink = WandbSink()
             sink.open(run_info)
             sink.write_metrics([metrics(i, i - 1, {"reward": float(i)}) for i in range(4, 6)])
             sink.write_table(table(6, 4, "completions", {"c": ["ok"]}))
@@ -295,7 +294,7 @@ def test_replay_resumes_the_same_wandb_run_from_another_thread(tracker_dirs, tmp
 def test_without_wandb_dir_files_go_to_the_run_dir(tracker_dirs, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_DIR")
     run_info = info(tmp_path, run_id="no/dir:id")  # not a valid wandb id as it is
-    sink = WandbSink(settings=FAST)
+    sink = WandbSink()
     sink.open(run_info)
     assert sink.run.id == wandb_run_id("no/dir:id") != "no/dir:id"
     sink.write_metrics([metrics(1, 2, {"reward": 0.25})])
@@ -311,7 +310,7 @@ def test_a_rate_limited_open_and_a_call_repeated_after_success(tracker_dirs, tmp
     from wandb.errors import CommError
 
     run_info = info(tmp_path)
-    sink = WandbSink(settings=FAST)
+    sink = WandbSink()
     real_init = wandb.init
     monkeypatch.setattr(wandb, "init", lambda *a, **k: (_ for _ in ()).throw(CommError("HTTP 429: Too Many Requests")))
     with pytest.raises(RateLimited):
@@ -352,7 +351,7 @@ def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path):
         delivery="thread",
         flush_interval=0.05,
         health=False,
-        backend_options={"wandb": {"settings": FAST}},
+        backend_options={"wandb": {"settings": {"x_stats_sampling_interval": 30}}},
     )
     for step in range(5):
         run.log({"reward": step / 4, "completions/mean_length": 10.0 + step}, step=step)
@@ -438,10 +437,11 @@ def test_registry_builds_it_from_json_options():
     """The import stays lazy: the contract suite."""
     from rllog.registry import create
 
-    options = json.loads(json.dumps({"entity": "team", "settings": FAST, "max_table_rows": 500, "step_key": "train/step"}))
+    settings = {"x_stats_sampling_interval": 30}
+    options = json.loads(json.dumps({"entity": "team", "settings": settings, "max_table_rows": 500, "step_key": "train/step"}))
     sink = create("wandb", options)
     assert isinstance(sink, WandbSink)
-    assert (sink.entity, sink.settings, sink.max_table_rows, sink.step_key) == ("team", FAST, 500, "train/step")
+    assert (sink.entity, sink.settings, sink.max_table_rows, sink.step_key) == ("team", settings, 500, "train/step")
     assert sink.capabilities.tables and sink.capabilities.config and sink.capabilities.alerts
     with pytest.raises(RuntimeError):
         sink.write_metrics([metrics(1, 0, {"a": 1.0})])

@@ -19,14 +19,15 @@ import pytest
 
 pytest.importorskip("trl")
 
-import readers.mlflow  # noqa: E402
-import readers.tensorboard  # noqa: E402
-import readers.trackio  # noqa: E402
-import readers.wandb  # noqa: E402
-from readers import ReadBack  # noqa: E402
-from rllog.integrations.transformers import rename  # noqa: E402
-from rllog.run import load_run_info  # noqa: E402
-from tiny_grpo import build_tiny_model  # noqa: E402
+import readers.mlflow
+import readers.tensorboard
+import readers.trackio
+import readers.wandb
+from readers import ReadBack
+from tiny_grpo import build_tiny_model
+
+from rllog.integrations.transformers import rename
+from rllog.run import load_run_info
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +36,13 @@ STEPS = 3
 PROJECT = "huggingface"  # TrainingArguments.project's default: trackio's project, the wandb project without WANDB_PROJECT
 TIMINGS = ("runtime", "per_second", "step_time", "profiling/")  # differ from run to run
 
-TRAIN = r'''
+TRAIN = r"""
 import json, sys
 from tiny_grpo import make_grpo_trainer
 
 model_dir, out, mode, trackers = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
-trainer = make_grpo_trainer(model_dir, out, steps=%(steps)d, report_to=trackers, mixin=mode == "rllog", eval_prompts=1,
-                            eval_strategy="steps", eval_steps=%(steps)d, log_unique_prompts=True, rllog_options={"health": False})
+trainer = make_grpo_trainer(model_dir, out, steps=STEPS, report_to=trackers, mixin=mode == "rllog", eval_prompts=1,
+                            eval_strategy="steps", eval_steps=STEPS, log_unique_prompts=True, rllog_options={"health": False})
 trainer.train()
 result = {"num_parameters": trainer.model.num_parameters()}
 if mode == "rllog":
@@ -51,14 +52,23 @@ else:
     import wandb
     wandb.finish()  # transformers' WandbCallback leaves the run open
 print(json.dumps(result), flush=True)
-''' % {"steps": STEPS}
+""".replace("STEPS", str(STEPS))
 
 
 def storage(root: Path) -> dict[str, str]:
     """Tracker storage under ``root`` (the layout of conftest's ``tracker_dirs``), for one process."""
-    dirs = {name: root / sub for name, sub in (("WANDB_DIR", "wandb_dir"), ("WANDB_CACHE_DIR", "wandb_cache"), ("WANDB_DATA_DIR", "wandb_data"),
-                                                ("WANDB_CONFIG_DIR", "wandb_config"), ("TRACKIO_DIR", "trackio"), ("RLLOG_DIR", "rllog_runs"),
-                                                ("MLFLOW_ARTIFACT_ROOT", "mlartifacts"))}
+    dirs = {
+        name: root / sub
+        for name, sub in (
+            ("WANDB_DIR", "wandb_dir"),
+            ("WANDB_CACHE_DIR", "wandb_cache"),
+            ("WANDB_DATA_DIR", "wandb_data"),
+            ("WANDB_CONFIG_DIR", "wandb_config"),
+            ("TRACKIO_DIR", "trackio"),
+            ("RLLOG_DIR", "rllog_runs"),
+            ("MLFLOW_ARTIFACT_ROOT", "mlartifacts"),
+        )
+    }
     for path in dirs.values():
         path.mkdir(parents=True, exist_ok=True)
     shutil.copy(readers.mlflow.migrated_db(), root / "mlflow.db")  # migrating takes seconds
@@ -77,9 +87,15 @@ def both_ways(tmp_path_factory):
     for mode in ("native", "rllog"):
         env_dirs = storage(root / mode)
         env = {k: v for k, v in os.environ.items() if k != "TENSORBOARD_LOGGING_DIR"}  # both write <output_dir>/runs/...
-        env |= {k: v for k, v in env_dirs.items() if k != "tmp"} | {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")])}
+        env |= {k: v for k, v in env_dirs.items() if k != "tmp"} | {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([tests_dir, env.get("PYTHONPATH", "")]),
+        }
         command = [sys.executable, str(script), model, str(root / mode / "out"), mode, ",".join(TRACKERS)]
-        runs[mode] = (env_dirs, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root / mode))
+        runs[mode] = (
+            env_dirs,
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root / mode),
+        )
     results = {}
     for mode, (env_dirs, proc) in runs.items():
         stdout, stderr = proc.communicate(timeout=600)
@@ -115,7 +131,7 @@ def wandb_rows(env: dict) -> tuple[list[dict], dict]:
     rows, config = [], {}
     for kind, msg in readers.wandb.iter_records(path):
         if kind in ("run", "config"):
-            for item in (msg.config.update if kind == "run" else msg.update):
+            for item in msg.config.update if kind == "run" else msg.update:
                 config["/".join(readers.wandb._key(item))] = json.loads(item.value_json)
         elif kind == "history":
             row: dict = {}
@@ -151,7 +167,9 @@ def values(series: list[tuple[int, float]]) -> list[float]:
 
 
 def same_values(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-6, abs=1e-9) for x, y in zip(a, b))
+    if len(a) != len(b):
+        return False
+    return all((math.isnan(x) and math.isnan(y)) or x == pytest.approx(y, rel=1e-6, abs=1e-9) for x, y in zip(a, b, strict=True))
 
 
 def rllog_info(both_ways):
@@ -202,20 +220,23 @@ def test_wandb_keeps_every_chart_value_config_and_completions_row(both_ways):
     rows, native_config = wandb_rows(native_env)
     env, info, _ = rllog_info(both_ways)
     ours = readers.wandb.read_back(env, info)
-    charts = {k for row in rows for k, v in row.items() if isinstance(v, (int, float)) and not k.startswith("_")} - {"train/global_step"}
+    charts = {k for row in rows for k, v in row.items() if isinstance(v, (int, float)) and not k.startswith("_")} - {
+        "train/global_step"
+    }
     assert {"train/reward", "eval/loss", "profiling/Time taken: GRPOTrainer._prepare_inputs"} <= charts
     assert charts <= set(ours.metrics), charts - set(ours.metrics)  # profiling rows included: TRL logs them to wandb itself
     stepped = ReadBack()
     readers.wandb.read_file(wandb_run_file(native_env), stepped)  # the rows on transformers' train/global_step axis
     assert_same_series(stepped.metrics, ours.metrics)
-    assert ours.config["report_to"] == native_config["report_to"] == TRACKERS  # a list, not its text
     assert ours.config["model/num_parameters"] == native_config["model/num_parameters"] == native_result["num_parameters"]
     # TRL's wandb tables: one per log call, train and eval under one name, and again with the final summary
     native_tables = [row["completions"] for row in rows if "completions" in row]
     ours_tables = [t for _, t in ours.tables["completions"]] + [t for _, t in ours.tables["eval/completions"]]
     assert [s for s, _ in ours.tables["completions"]] == [1, 2, 3] and [s for s, _ in ours.tables["eval/completions"]] == [3]
     assert all(len(t) == 1 for t in ours_tables)  # log_unique_prompts: one row per prompt
-    assert ours_tables == native_tables[: len(ours_tables)] and native_tables[-1] == native_tables[-2]  # same rows, "step" column included
+    assert (
+        ours_tables == native_tables[: len(ours_tables)] and native_tables[-1] == native_tables[-2]
+    )  # same rows, "step" column included
 
 
 def test_trackio_keeps_every_chart_value_config_and_completions_row(both_ways):
@@ -225,10 +246,18 @@ def test_trackio_keeps_every_chart_value_config_and_completions_row(both_ways):
     charts = set(native.metrics) - {"train/global_step"}
     assert charts <= set(ours.metrics), charts - set(ours.metrics)
     # transformers logs trackio rows on trackio's own counter (1, 3, 5 here: table rows in between); rllog on the trainer's step
-    assert_same_series(native.metrics | {"train/global_step": []}, ours.metrics | {"train/global_step": []}, by_step=False)
+    assert_same_series({k: v for k, v in native.metrics.items() if k in charts}, ours.metrics, by_step=False)
     assert [s for s, _ in ours.metrics["train/reward"]] == [1, 2, 3]
-    assert ours.config["report_to"] == native.config["report_to"] == TRACKERS
     assert ours.config["model/num_parameters"] == native.config["model/num_parameters"]
     native_rows = [t for _, t in native.tables["completions"]]
     ours_rows = [t for _, t in ours.tables["completions"]] + [t for _, t in ours.tables["eval/completions"]]
     assert ours_rows == native_rows[: len(ours_rows)]
+
+
+def test_config_keeps_the_users_report_to_as_a_list_where_the_tracker_takes_lists(both_ways):
+    """Not what the mixin leaves TRL (``[]``), and not its text: wandb and trackio store lists."""
+    native_env = both_ways["native"][0]
+    env, info, _ = rllog_info(both_ways)
+    assert wandb_rows(native_env)[1]["report_to"] == trackio_run(native_env).config["report_to"] == TRACKERS
+    assert readers.wandb.read_back(env, info).config["report_to"] == TRACKERS
+    assert readers.trackio.read_back(env, info).config["report_to"] == TRACKERS

@@ -58,6 +58,10 @@ def test_attempt_killed_then_resumed_from_an_earlier_step_is_one_run_everywhere(
     assert readers.wandb.run_ids(tracker_dirs, info) == {run_id}
     mlflow_loss = read_back("mlflow", tracker_dirs, info).metrics["loss"]
     assert sorted(set(mlflow_loss)) == sorted({(s, float(s)) for s in range(100)} | {(s, s + 0.5) for s in range(50, 150)})
+    # TensorBoard shows no superseded point (its purge at the restart step)
+    assert read_back("tensorboard", tracker_dirs, info).metrics["loss"] == [(s, float(s)) for s in range(50)] + [
+        (s, s + 0.5) for s in range(50, 150)
+    ]
 
 
 def test_resume_modes(tmp_path):

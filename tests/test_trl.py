@@ -8,15 +8,35 @@ import pytest
 
 pytest.importorskip("trl")
 
-import rllog  # noqa: E402
-from tiny_grpo import PROMPTS, build_tiny_model, make_grpo_trainer, reward_has_digit  # noqa: E402
+from tiny_grpo import PROMPTS, build_tiny_model, make_grpo_trainer, reward_has_digit
 
-GRPO_KEYS = {"train/" + k for k in (
-    "loss", "grad_norm", "learning_rate", "num_tokens", "completions/mean_length", "completions/min_length",
-    "completions/max_length", "completions/clipped_ratio", "rewards/reward_has_digit/mean", "rewards/reward_has_digit/std",
-    "rewards/reward_short/mean", "rewards/reward_short/std", "reward", "reward_std", "frac_reward_zero_std", "entropy",
-    "kl", "clip_ratio/region_mean", "step_time", "epoch",
-)}
+import rllog
+
+GRPO_KEYS = {
+    "train/" + k
+    for k in (
+        "loss",
+        "grad_norm",
+        "learning_rate",
+        "num_tokens",
+        "completions/mean_length",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/clipped_ratio",
+        "rewards/reward_has_digit/mean",
+        "rewards/reward_has_digit/std",
+        "rewards/reward_short/mean",
+        "rewards/reward_short/std",
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "entropy",
+        "kl",
+        "clip_ratio/region_mean",
+        "step_time",
+        "epoch",
+    )
+}
 PROFILED = "profiling/Time taken: GRPOTrainer."  # TRL's timings, named after the trainer class (tiny_grpo names it GRPOTrainer)
 
 
@@ -34,7 +54,9 @@ def metric_series(run_dir):
 
 def test_grpo_with_mixin_logs_metrics_custom_metric_completions_and_profiling(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)})
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)}
+    )
     assert trainer.args.report_to == []  # TRL's own table/profiling paths see no tracker
     assert trainer.rllog_run is None and not run_dir.exists()  # no run (and no agent) until training starts
     trainer.train()
@@ -48,7 +70,7 @@ def test_grpo_with_mixin_logs_metrics_custom_metric_completions_and_profiling(ti
     assert [v for _, v in series["train/digits/fraction"]] == [h["digits/fraction"] for h in history]  # log_metric
     assert series["train/train_runtime"] == [(3, trainer.state.log_history[-1]["train_runtime"])]  # the summary, once
     # TRL's profiling timings, at the step being trained: generation, the reward functions
-    profiled = {k[len(PROFILED):]: [s for s, _ in v] for k, v in series.items() if k.startswith(PROFILED)}
+    profiled = {k[len(PROFILED) :]: [s for s, _ in v] for k, v in series.items() if k.startswith(PROFILED)}
     assert {"reward_has_digit", "reward_short", "transformers.generate"} <= set(profiled), sorted(profiled)
     assert sorted(set(profiled["reward_has_digit"])) == [1, 2, 3]
     assert all(v > 0 for k, vs in series.items() if k.startswith(PROFILED) for _, v in vs)
@@ -65,7 +87,9 @@ def test_grpo_with_mixin_logs_metrics_custom_metric_completions_and_profiling(ti
 def test_mixin_removes_transformers_callbacks_for_the_names_it_serves(tiny_model, tmp_path):
     from transformers.integrations import TensorBoardCallback
 
-    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=1, report_to=["tensorboard"], rllog_options={"run_dir": str(tmp_path / "run")})
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=1, report_to=["tensorboard"], rllog_options={"run_dir": str(tmp_path / "run")}
+    )
     names = [type(cb).__name__ for cb in trainer.callback_handler.callbacks]
     assert "TensorBoardCallback" not in names and "RLLogCallback" in names
     assert not any(isinstance(cb, TensorBoardCallback) for cb in trainer.callback_handler.callbacks)
@@ -74,8 +98,15 @@ def test_mixin_removes_transformers_callbacks_for_the_names_it_serves(tiny_model
 
 def test_conversations_stay_messages_and_log_unique_prompts_keeps_one_row_per_prompt(tiny_model, tmp_path):
     run_dir = tmp_path / "run"
-    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)},
-                                conversational=True, log_unique_prompts=True)
+    trainer = make_grpo_trainer(
+        tiny_model,
+        str(tmp_path / "out"),
+        steps=2,
+        report_to=["parquet"],
+        rllog_options={"run_dir": str(run_dir)},
+        conversational=True,
+        log_unique_prompts=True,
+    )
     trainer.train()
     assert trainer.rllog_run.finish().ok
     rows = rllog.read_table(run_dir, "completions").to_pylist()
@@ -145,8 +176,14 @@ def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model
         return [0.0] * len(completions)
 
     run_dir = tmp_path / "run"
-    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)},
-                                eval_strategy="no")
+    trainer = make_grpo_trainer(
+        tiny_model,
+        str(tmp_path / "out"),
+        steps=3,
+        report_to=["parquet"],
+        rllog_options={"run_dir": str(run_dir)},
+        eval_strategy="no",
+    )
     trainer.reward_funcs.append(reward_logging_itself)
     trainer.reward_func_names.append("reward_logging_itself")
     trainer.reward_weights = __import__("torch").ones(3)
@@ -159,7 +196,9 @@ def test_user_code_logs_at_the_trainers_step_and_completions_callback(tiny_model
     assert [s for s, _ in series["custom/from_reward_fn"]] == [s for s, _ in series["train/reward"]] == [1, 2, 3]
     table = rllog.read_table(run_dir, "eval_completions").to_pylist()
     assert [r["_step"] for r in table] == [2, 2] and [r["step"] for r in table] == [2, 2]
-    assert [r["prompt"] for r in table] == [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in PROMPTS[:2]] or all(PROMPTS[i] in table[i]["prompt"] for i in range(2))
+    assert [r["prompt"] for r in table] == [
+        f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in PROMPTS[:2]
+    ] or all(PROMPTS[i] in table[i]["prompt"] for i in range(2))
     assert all(isinstance(r["completion"], str) for r in table)
 
 
@@ -172,8 +211,14 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
     from readers import read_back
 
     run_dir = tmp_path / "run"
-    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=ALL_TRACKERS,
-                                rllog_options={"run_dir": str(run_dir), "project": "e2e", "health": False}, conversational=True)
+    trainer = make_grpo_trainer(
+        tiny_model,
+        str(tmp_path / "out"),
+        steps=2,
+        report_to=ALL_TRACKERS,
+        rllog_options={"run_dir": str(run_dir), "project": "e2e", "health": False},
+        conversational=True,
+    )
     trainer.train()
     assert sorted(trainer.rllog_run.sink_names) == sorted(ALL_TRACKERS)
     report = trainer.rllog_run.finish(timeout=180)
@@ -183,22 +228,29 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
         got = read_back(backend, tracker_dirs, trainer.rllog_run.info)
         assert GRPO_KEYS <= set(got.metrics), (backend, GRPO_KEYS - set(got.metrics))
         assert [s for s, _ in sorted(got.metrics["train/digits/fraction"])] == [1, 2], backend  # reward fn's log_metric
-        assert [v for _, v in sorted(got.metrics["train/reward"])] == pytest.approx([h["reward"] for h in history], rel=1e-6), backend
+        assert [v for _, v in sorted(got.metrics["train/reward"])] == pytest.approx([h["reward"] for h in history], rel=1e-6), (
+            backend
+        )
         assert any(k.startswith(PROFILED) for k in got.metrics), backend
         assert "'comet_ml'" in str(got.config["report_to"]), backend  # the user's report_to, not what TRL is left with
         assert float(got.config["model/num_parameters"]) == trainer.model.num_parameters(), backend
         steps = [s for s, _ in got.tables["completions"]]
         assert steps == [1, 2], backend
         rows = got.tables["completions"][-1][1]
-        assert len(rows) == 4 and {"step", "prompt", "completion", "reward_has_digit", "n_chars", "advantage"} <= set(rows[0]), backend
+        assert len(rows) == 4 and {"step", "prompt", "completion", "reward_has_digit", "n_chars", "advantage"} <= set(rows[0]), (
+            backend
+        )
         for row in rows:  # conversations arrive as messages (TensorBoard's Markdown table shows them as JSON)
-            prompt, completion = ((json.loads(row["prompt"]), json.loads(row["completion"])) if backend == "tensorboard"
-                                  else (row["prompt"], row["completion"]))
+            prompt, completion = (
+                (json.loads(row["prompt"]), json.loads(row["completion"]))
+                if backend == "tensorboard"
+                else (row["prompt"], row["completion"])
+            )
             assert prompt[0]["role"] == "user" and prompt[0]["content"] in PROMPTS, backend
             assert str(row["n_chars"]) == str(len(completion[0]["content"])) and str(row["step"]) == "2", backend
 
 
-TORCHRUN_GRPO = r'''
+TORCHRUN_GRPO = r"""
 import json, os, sys
 from tiny_grpo import make_grpo_trainer
 model_dir, out, results = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -209,7 +261,7 @@ run = trainer.rllog_run
 report = run.finish() if run is not None else {}
 with open(os.path.join(results, "rank%s.json" % os.environ["RANK"]), "w") as f:  # not stdout: ranks' lines can interleave
     json.dump({"rank": int(os.environ["RANK"]), "run": type(run).__name__, "ok": getattr(report, "ok", None)}, f)
-'''
+"""
 
 
 def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path, tracker_dirs):
@@ -225,9 +277,25 @@ def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     pythonpath = os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])  # the script imports tiny_grpo
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": pythonpath}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), tiny_model, str(out),
-                           str(results_dir)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            tiny_model,
+            str(out),
+            str(results_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = sorted((json.loads(p.read_text()) for p in results_dir.glob("rank*.json")), key=lambda r: r["rank"])
     assert results == [{"rank": 0, "run": "Run", "ok": True}, {"rank": 1, "run": "NoneType", "ok": None}]
@@ -251,15 +319,33 @@ def test_rloo_with_mixin(tiny_model, tmp_path):
     class Trainer(RLLogMixin, RLOOTrainer):
         pass
 
-    args = RLOOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-                      max_steps=2, logging_steps=1, report_to=["parquet"], log_completions=True, num_completions_to_print=0, save_strategy="no")
-    trainer = Trainer(model=tiny_model, reward_funcs=[reward_has_digit], args=args, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
-                      rllog_options={"run_dir": str(tmp_path / "run")})
+    args = RLOOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        report_to=["parquet"],
+        log_completions=True,
+        num_completions_to_print=0,
+        save_strategy="no",
+    )
+    trainer = Trainer(
+        model=tiny_model,
+        reward_funcs=[reward_has_digit],
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+        rllog_options={"run_dir": str(tmp_path / "run")},
+    )
     trainer.train()
     assert trainer.rllog_run.finish().ok
     series = metric_series(tmp_path / "run")
     history = [h for h in trainer.state.log_history if "reward" in h]
-    assert [v for _, v in series["train/reward"]] == [h["reward"] for h in history] and [s for s, _ in series["train/reward"]] == [1, 2]
+    assert [v for _, v in series["train/reward"]] == [h["reward"] for h in history] and [
+        s for s, _ in series["train/reward"]
+    ] == [1, 2]
     assert [s for s, _ in series["train/digits/fraction"]] == [1, 2]
     table = rllog.read_table(tmp_path / "run", "completions")
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2] and "n_chars" in table.column_names
@@ -268,13 +354,13 @@ def test_rloo_with_mixin(tiny_model, tmp_path):
 def test_every_tracker_holds_every_step_when_train_and_evaluate_return(tiny_model, tmp_path, tracker_dirs, monkeypatch):
     """The flush barrier, read from the trackers' own files before the run is finished; and where they are."""
     from readers.tensorboard import read_back
-
     from tiny_grpo import grpo_dataset
 
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")  # where transformers' users look: <output_dir>/runs/<time>_<host>
     out = tmp_path / "out"
-    trainer = make_grpo_trainer(tiny_model, str(out), steps=3, report_to=["tensorboard", "parquet"], project="my-project",
-                                run_name="flush-check")
+    trainer = make_grpo_trainer(
+        tiny_model, str(out), steps=3, report_to=["tensorboard", "parquet"], project="my-project", run_name="flush-check"
+    )
     trainer.train()
     run = trainer.rllog_run
     assert (run.info.project, run.info.name) == ("my-project", "flush-check")  # TrainingArguments.project and run_name
@@ -322,8 +408,14 @@ def test_trainers_built_and_replaced_in_one_process_keep_at_most_one_agent(tiny_
     assert _agents() == []
     infos, most_alive = [], 0
     for i in range(20):
-        trainer = make_grpo_trainer(tiny_model, str(tmp_path / f"out{i}"), steps=1, report_to=["parquet"], rllog_options={"health": False},
-                                    log_completions=False)
+        trainer = make_grpo_trainer(
+            tiny_model,
+            str(tmp_path / f"out{i}"),
+            steps=1,
+            report_to=["parquet"],
+            rllog_options={"health": False},
+            log_completions=False,
+        )
         assert trainer.rllog_run is None and len(_agents()) <= 1  # building one starts nothing
         trainer.train()
         infos.append(trainer.rllog_run.info)
@@ -359,8 +451,8 @@ class KillAfterLogging(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-trainer = make_grpo_trainer(model_dir, out, steps=4, report_to=trackers, save_strategy="steps", save_steps=2, log_completions=False,
-                            rllog_options={"health": False})
+trainer = make_grpo_trainer(model_dir, out, steps=4, report_to=trackers, save_strategy="steps", save_steps=2,
+                            log_completions=False, rllog_options={"health": False})
 if kill_at:
     trainer.add_callback(KillAfterLogging())
 trainer.train(resume_from_checkpoint=not kill_at)
@@ -380,6 +472,7 @@ def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(
 
     import readers.mlflow
     from readers import read_back
+
     from rllog.run import load_run_info
 
     script, out, trackers = tmp_path / "train.py", tmp_path / "out", "parquet,mlflow,tensorboard"
@@ -389,8 +482,14 @@ def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")])}
 
     def train(kill_at: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script), tiny_model, str(out), trackers, str(kill_at)], capture_output=True, text=True,
-                              timeout=600, env=env, cwd=tmp_path)
+        return subprocess.run(
+            [sys.executable, str(script), tiny_model, str(out), trackers, str(kill_at)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=tmp_path,
+        )
 
     killed = train(kill_at=3)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
@@ -411,9 +510,9 @@ def test_grpo_killed_after_a_checkpoint_and_resumed_is_one_run_in_every_tracker(
     assert len(readers.mlflow.run_ids(tracker_dirs, info)) == 1  # one MLflow run, finished, with every step
     mlflow = read_back("mlflow", tracker_dirs, info)
     assert mlflow.status == "finished" and sorted({s for s, _ in mlflow.metrics["train/reward"]}) == [1, 2, 3, 4]
-    tensorboard = read_back("tensorboard", tracker_dirs, info)  # the same log directory both times
-    assert sorted({s for s, _ in tensorboard.metrics["train/reward"]}) == [1, 2, 3, 4]
-    assert dict(latest["train/reward"])[4] == pytest.approx(dict(tensorboard.metrics["train/reward"])[4], rel=1e-6)
+    tensorboard = read_back("tensorboard", tracker_dirs, info)  # the same log directory both times, no superseded point
+    assert [s for s, _ in tensorboard.metrics["train/reward"]] == [1, 2, 3, 4]
+    assert [v for _, v in tensorboard.metrics["train/reward"]] == pytest.approx([v for _, v in latest["train/reward"]], rel=1e-6)
 
 
 def test_completions_callback_leaves_the_tokenizer_as_it_found_it(tiny_model, tmp_path):
@@ -428,18 +527,37 @@ def test_completions_callback_leaves_the_tokenizer_as_it_found_it(tiny_model, tm
         tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="right")
         texts = [f"{p} The answer is {'12 ' * (i % 5)}." for i, p in enumerate(PROMPTS)]  # lengths differ: batches are padded
         data = Dataset.from_dict({"prompt": PROMPTS, "input_ids": [tokenizer(t)["input_ids"] for t in texts]})
-        args = TrainingArguments(output_dir=str(tmp_path / f"out{with_completions}"), use_cpu=True, max_steps=3, per_device_train_batch_size=4,
-                                 per_device_eval_batch_size=4, logging_steps=1, eval_strategy="steps", eval_steps=1, report_to="none",
-                                 save_strategy="no", learning_rate=1e-3, seed=0)
-        trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(tiny_model), args=args, train_dataset=data, eval_dataset=data.select(range(8)),
-                          data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
-                          callbacks=[RLLogCallback(run_dir=str(tmp_path / f"run{with_completions}"), health=False)])
+        args = TrainingArguments(
+            output_dir=str(tmp_path / f"out{with_completions}"),
+            use_cpu=True,
+            max_steps=3,
+            per_device_train_batch_size=4,
+            per_device_eval_batch_size=4,
+            logging_steps=1,
+            eval_strategy="steps",
+            eval_steps=1,
+            report_to="none",
+            save_strategy="no",
+            learning_rate=1e-3,
+            seed=0,
+        )
+        trainer = Trainer(
+            model=AutoModelForCausalLM.from_pretrained(tiny_model),
+            args=args,
+            train_dataset=data,
+            eval_dataset=data.select(range(8)),
+            data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+            processing_class=tokenizer,
+            callbacks=[RLLogCallback(run_dir=str(tmp_path / f"run{with_completions}"), health=False)],
+        )
         if with_completions:
             trainer.add_callback(RLLogCompletionsCallback(trainer, num_prompts=2, freq=1))
         trainer.train()
         assert finish_run(trainer).ok
         timings = ("runtime", "per_second")
-        return [{k: v for k, v in h.items() if not any(t in k for t in timings)} for h in trainer.state.log_history], tokenizer.padding_side
+        return [
+            {k: v for k, v in h.items() if not any(t in k for t in timings)} for h in trainer.state.log_history
+        ], tokenizer.padding_side
 
     without, with_ = train(False), train(True)
     assert [h["eval_loss"] for h in with_[0] if "eval_loss" in h] == [h["eval_loss"] for h in without[0] if "eval_loss" in h]
@@ -455,8 +573,14 @@ def test_a_reward_function_returning_none_by_design_raises_no_alert(tiny_model, 
         return [None] * len(completions)
 
     run_dir = tmp_path / "run"
-    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)},
-                                log_completions=False)
+    trainer = make_grpo_trainer(
+        tiny_model,
+        str(tmp_path / "out"),
+        steps=2,
+        report_to=["parquet"],
+        rllog_options={"run_dir": str(run_dir)},
+        log_completions=False,
+    )
     trainer.reward_funcs.append(reward_for_other_tasks)
     trainer.reward_func_names.append("reward_for_other_tasks")
     trainer.reward_weights = __import__("torch").ones(3)
@@ -467,20 +591,28 @@ def test_a_reward_function_returning_none_by_design_raises_no_alert(tiny_model, 
     assert all(math.isnan(v) for _, v in series["train/rewards/reward_for_other_tasks/mean"])
     assert rllog.read_alerts(run_dir).num_rows == 0
     # the rule still fires on what is broken: inf in a reward function's mean, NaN in the reward or the loss
-    fired = HealthMonitor().observe(5, {"train/rewards/f/mean": math.inf, "train/reward": math.nan, "eval/loss": math.nan,
-                                        "train/rewards/g/mean": math.nan, "eval/rewards/g/std": math.nan})
+    fired = HealthMonitor().observe(
+        5,
+        {
+            "train/rewards/f/mean": math.inf,
+            "train/reward": math.nan,
+            "eval/loss": math.nan,
+            "train/rewards/g/mean": math.nan,
+            "eval/rewards/g/std": math.nan,
+        },
+    )
     assert sorted(a.metric for a in fired if a.rule == "non_finite") == ["eval/loss", "train/reward", "train/rewards/f/mean"]
 
 
 def test_trls_warnings_from_the_trainers_init_point_at_the_users_line(tiny_model, tmp_path, monkeypatch):
-    """TRL warns with stacklevel=2; the mixin's __init__ must not become the place warnings are shown for (and deduplicated at)."""
+    """TRL warns with stacklevel=2: the mixin's __init__ must not become where warnings are shown (and deduplicated)."""
     import inspect
     import warnings
 
+    from tiny_grpo import grpo_dataset
     from trl import GRPOConfig, GRPOTrainer
 
     from rllog.integrations.trl import RLLogMixin
-    from tiny_grpo import grpo_dataset
 
     class Trainer(RLLogMixin, GRPOTrainer):
         pass
@@ -488,9 +620,21 @@ def test_trls_warnings_from_the_trainers_init_point_at_the_users_line(tiny_model
     monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE", raising=False)
 
     def build(trainer_class):
-        args = GRPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=4,
-                          report_to=["parquet"] if trainer_class is Trainer else "none")
-        return dict(model=tiny_model, reward_funcs=[reward_has_digit], args=args, train_dataset=grpo_dataset(), rollout_func=lambda *a, **k: None)
+        args = GRPOConfig(
+            output_dir=str(tmp_path / "out"),
+            use_cpu=True,
+            bf16=False,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            report_to=["parquet"] if trainer_class is Trainer else "none",
+        )
+        return dict(
+            model=tiny_model,
+            reward_funcs=[reward_has_digit],
+            args=args,
+            train_dataset=grpo_dataset(),
+            rollout_func=lambda *a, **k: None,
+        )
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # Python's default for UserWarning: once per line of code

@@ -45,8 +45,16 @@ def grpo_dataset(conversational: bool = False):
 
 
 def make_grpo_trainer(
-    model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None, *, mixin: bool = True,
-    conversational: bool = False, eval_prompts: int = 0, **config_overrides: Any
+    model_dir: str,
+    output_dir: str,
+    steps: int,
+    report_to: Any,
+    rllog_options: dict | None = None,
+    *,
+    mixin: bool = True,
+    conversational: bool = False,
+    eval_prompts: int = 0,
+    **config_overrides: Any,
 ):
     """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`, unless ``mixin=False``) on the tiny model, CPU only.
 
@@ -55,13 +63,31 @@ def make_grpo_trainer(
     """
     from trl import GRPOConfig, GRPOTrainer
 
-    settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4,
-                    max_completion_length=8, max_steps=steps, logging_steps=1, report_to=report_to, log_completions=True,
-                    num_completions_to_print=0, beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False,
-                    dataloader_num_workers=0)
+    settings = dict(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=steps,
+        logging_steps=1,
+        report_to=report_to,
+        log_completions=True,
+        num_completions_to_print=0,
+        beta=0.04,
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+        dataloader_num_workers=0,
+    )
     settings.update(config_overrides)
-    kwargs = dict(model=model_dir, reward_funcs=[reward_has_digit, reward_short], args=GRPOConfig(**settings),
-                  train_dataset=grpo_dataset(conversational))
+    kwargs = dict(
+        model=model_dir,
+        reward_funcs=[reward_has_digit, reward_short],
+        args=GRPOConfig(**settings),
+        train_dataset=grpo_dataset(conversational),
+    )
     if eval_prompts:
         kwargs["eval_dataset"] = grpo_dataset(conversational).select(range(eval_prompts))
     if not mixin:

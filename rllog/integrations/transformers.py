@@ -45,7 +45,15 @@ from rllog.values import flatten, to_scalar
 log = logging.getLogger("rllog.integrations")
 
 # transformers' report_to names that rllog serves (transformers name -> rllog backend name).
-SERVED = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "trackio": "trackio", "comet_ml": "comet_ml", "parquet": "parquet", "console": "console"}
+SERVED = {
+    "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "mlflow": "mlflow",
+    "trackio": "trackio",
+    "comet_ml": "comet_ml",
+    "parquet": "parquet",
+    "console": "console",
+}
 PREFIXES = {"eval_": "eval/", "test_": "test/"}
 TRAIN_PREFIX = "train/"
 # The key, in TrainerState.stateful_callbacks (saved in every checkpoint's trainer_state.json), of the run to resume.
@@ -62,7 +70,7 @@ def rename(key: str, train_prefix: str = TRAIN_PREFIX) -> str:
     """
     for prefix, replacement in PREFIXES.items():
         if key.startswith(prefix):
-            return replacement + key[len(prefix):]
+            return replacement + key[len(prefix) :]
     return train_prefix + key
 
 
@@ -146,7 +154,7 @@ class _Release:
 
 
 _releases: set[_Release] = set()  # the runs integrations started and have not finished
-_orphans: "queue.SimpleQueue[_Release]" = queue.SimpleQueue()
+_orphans: queue.SimpleQueue[_Release] = queue.SimpleQueue()
 _reaper_lock = threading.Lock()
 _reaper: threading.Thread | None = None
 
@@ -174,7 +182,9 @@ def _start_reaper() -> None:
 def _release_collected_runs() -> None:
     """Before a new run: finish the runs of trainers that are garbage now (a replaced trainer in a notebook, a
     sweep, a test suite), so that one process never keeps one delivery agent per trainer it ever built."""
-    if not any(not r.run.finished for r in list(_releases)):
+    for release in [r for r in list(_releases) if r.run.finished]:  # finished by the user: nothing to release
+        _releases.discard(release)
+    if not _releases:
         return
     gc.collect()  # trainers are reference cycles: without a collection a replaced trainer lingers
     for release in [r for r in list(_releases) if r.orphaned]:
@@ -196,8 +206,16 @@ class RLLogCallback(TrainerCallback):
             they win over what the callback takes from the TrainingArguments (``project``, ``run_name``).
     """
 
-    def __init__(self, report_to: Any = None, run: "rllog.Run | None" = None, *, train_prefix: str = TRAIN_PREFIX,
-                 flush_timeout: float = 60.0, args_report_to: Any = None, **init_kwargs: Any):
+    def __init__(
+        self,
+        report_to: Any = None,
+        run: rllog.Run | None = None,
+        *,
+        train_prefix: str = TRAIN_PREFIX,
+        flush_timeout: float = 60.0,
+        args_report_to: Any = None,
+        **init_kwargs: Any,
+    ):
         self.report_to = report_to
         self.run = run
         self.train_prefix = train_prefix
@@ -211,15 +229,18 @@ class RLLogCallback(TrainerCallback):
         self._training = False
 
     # -- the run ---------------------------------------------------------------------------------
-    def start(self, args: Any, model: Any = None, state: Any = None) -> "rllog.Run":
+    def start(self, args: Any, model: Any = None, state: Any = None) -> rllog.Run:
         """Start the run now (idempotent); resumes the run a checkpoint's ``state`` names."""
         if self.run is not None and not (self._release is not None and self.run.finished):
             return self.run
         previous = self.run  # a run this callback started and that was finished: continue it
         _release_collected_runs()
         # The trainer has reduced its metrics across ranks already and logs from the main process only.
-        kwargs = {"project": getattr(args, "project", None) or DEFAULT_PROJECT, "name": getattr(args, "run_name", None),
-                  "reduce_across_ranks": False}
+        kwargs = {
+            "project": getattr(args, "project", None) or DEFAULT_PROJECT,
+            "name": getattr(args, "run_name", None),
+            "reduce_across_ranks": False,
+        }
         kwargs.update(self._resume_kwargs(_saved_run(state), previous))
         kwargs.update(self.init_kwargs)
         kwargs["backend_options"] = self._backend_options(args, kwargs.get("backend_options"), _saved_run(state))
@@ -262,7 +283,8 @@ class RLLogCallback(TrainerCallback):
         output_dir = getattr(args, "output_dir", None)
         if selects_tensorboard and not given and output_dir:
             logdir = (saved or {}).get("tensorboard_logdir") or os.path.join(
-                os.path.abspath(output_dir), "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname())
+                os.path.abspath(output_dir), "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname()
+            )
             options.setdefault("tensorboard", {})["logdir"] = logdir
             self.tensorboard_logdir = logdir
             log.info("rllog: TensorBoard logs in %s", logdir)
@@ -274,7 +296,11 @@ class RLLogCallback(TrainerCallback):
         run_dir = getattr(self.run, "run_dir", None)
         if state is None or run_dir is None or not isinstance(getattr(state, "stateful_callbacks", None), dict):
             return
-        attributes = {"run_id": self.run.run_id, "run_dir": os.path.abspath(run_dir), "tensorboard_logdir": self.tensorboard_logdir}
+        attributes = {
+            "run_id": self.run.run_id,
+            "run_dir": os.path.abspath(run_dir),
+            "tensorboard_logdir": self.tensorboard_logdir,
+        }
         state.stateful_callbacks[STATE_KEY] = {"args": {}, "attributes": attributes}
 
     def _flush(self) -> None:
@@ -376,4 +402,3 @@ def _selected_names(report_to: Any) -> list[str]:
         return [item for item in parse_report_to(report_to) if isinstance(item, str)]
     except Exception:  # rllog.init reports a bad report_to with its own message
         return []
-

@@ -45,7 +45,9 @@ EVAL_TABLE = "eval/completions"
 TRAIN_TABLE = "completions"
 _THIS_FILE = (lambda: None).__code__.co_filename  # what the warnings module reports for a frame of this module
 # The callback whose run TRL's profiling timings go to, while a mixin trainer trains or evaluates.
-_profiling_callback: contextvars.ContextVar[RLLogCallback | None] = contextvars.ContextVar("rllog_profiling_callback", default=None)
+_profiling_callback: contextvars.ContextVar[RLLogCallback | None] = contextvars.ContextVar(
+    "rllog_profiling_callback", default=None
+)
 
 
 def _text(value: Any) -> str:
@@ -53,7 +55,10 @@ def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
-        return "\n".join(f"{m.get('role', '?')}: {m['content'] if isinstance(m['content'], str) else json.dumps(m['content'], default=str)}" for m in value)
+        return "\n".join(
+            f"{m.get('role', '?')}: {m['content'] if isinstance(m['content'], str) else json.dumps(m['content'], default=str)}"
+            for m in value
+        )
     return json.dumps(value, default=str)
 
 
@@ -70,8 +75,10 @@ def _messages(value: Any) -> Any:
     if _is_conversation(value):
         from trl.trainer.utils import strip_images_from_messages
 
-        return [{str(k): v if v is None or isinstance(v, str) else json.dumps(v, default=str) for k, v in m.items()}
-                for m in strip_images_from_messages(value)]
+        return [
+            {str(k): v if v is None or isinstance(v, str) else json.dumps(v, default=str) for k, v in m.items()}
+            for m in strip_images_from_messages(value)
+        ]
     return json.dumps(value, default=str)
 
 
@@ -109,8 +116,15 @@ def _warnings_at(frame, call, *args: Any, **kwargs: Any) -> Any:
         if filename != _THIS_FILE:
             return show(message, category, filename, lineno, file, line)
         module_globals = frame.f_globals
-        warnings.warn_explicit(message, category, frame.f_code.co_filename, frame.f_lineno, module=module_globals.get("__name__"),
-                               registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
+        warnings.warn_explicit(
+            message,
+            category,
+            frame.f_code.co_filename,
+            frame.f_lineno,
+            module=module_globals.get("__name__"),
+            registry=module_globals.setdefault("__warningregistry__", {}),
+            module_globals=module_globals,
+        )
 
     globals().pop("__warningregistry__", None)
     warnings.showwarning = reissue
@@ -160,8 +174,14 @@ class RLLogMixin:
             callbacks do); ``""`` logs them bare.
     """
 
-    def __init__(self, *args: Any, rllog_report_to: Any = None, rllog_options: dict | None = None,
-                 rllog_train_prefix: str = TRAIN_PREFIX, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        rllog_report_to: Any = None,
+        rllog_options: dict | None = None,
+        rllog_train_prefix: str = TRAIN_PREFIX,
+        **kwargs: Any,
+    ):
         from transformers.integrations import INTEGRATION_TO_CALLBACK
 
         # transformers refuses names it does not know (parquet, console): take them out before it looks.
@@ -178,8 +198,9 @@ class RLLogMixin:
             if name in INTEGRATION_TO_CALLBACK:
                 self.remove_callback(INTEGRATION_TO_CALLBACK[name])
         selected = rllog_report_to if rllog_report_to is not None else (ours or None)
-        self.rllog_callback = RLLogCallback(report_to=selected, train_prefix=rllog_train_prefix, args_report_to=users_report_to,
-                                            **(rllog_options or {}))
+        self.rllog_callback = RLLogCallback(
+            report_to=selected, train_prefix=rllog_train_prefix, args_report_to=users_report_to, **(rllog_options or {})
+        )
         self.add_callback(self.rllog_callback)
         # TRL's completions table and profiling read args.report_to; rllog serves those names now.
         self.args.report_to = theirs
@@ -227,8 +248,11 @@ class RLLogMixin:
             return None
         logs = self._logs
         n = len(logs["prompt"])
-        table = {"step": [self.state.global_step] * n, "prompt": [_messages(p) for p in logs["prompt"]],
-                 "completion": [_messages(c) for c in logs["completion"]]}
+        table = {
+            "step": [self.state.global_step] * n,
+            "prompt": [_messages(p) for p in logs["prompt"]],
+            "completion": [_messages(c) for c in logs["completion"]],
+        }
         table.update({name: list(values) for name, values in logs["rewards"].items()})
         table.update({name: list(values) for name, values in logs.get("extra", {}).items()})
         table["advantage"] = list(logs["advantages"])
@@ -268,7 +292,15 @@ class RLLogCompletionsCallback:
             cls = type(cls.__name__, (cls, TrainerCallback), {})
         return object.__new__(cls)
 
-    def __init__(self, trainer: Any, run: Any = None, generation_config: Any = None, num_prompts: int | None = None, freq: int | None = None, name: str = "completions"):
+    def __init__(
+        self,
+        trainer: Any,
+        run: Any = None,
+        generation_config: Any = None,
+        num_prompts: int | None = None,
+        freq: int | None = None,
+        name: str = "completions",
+    ):
         if trainer.eval_dataset is None or "prompt" not in trainer.eval_dataset.column_names:
             raise ValueError("RLLogCompletionsCallback needs a trainer whose eval_dataset has a 'prompt' column")
         self.trainer = trainer
@@ -293,8 +325,11 @@ class RLLogCompletionsCallback:
         prompts, completions = self._generate(args, tokenizer)
         run = self._run()
         if self.trainer.accelerator.is_main_process and run is not None:
-            table = {"step": [state.global_step] * len(prompts), "prompt": [_text(p) for p in prompts],
-                     "completion": [_text(c) for c in completions]}
+            table = {
+                "step": [state.global_step] * len(prompts),
+                "prompt": [_text(p) for p in prompts],
+                "completion": [_text(c) for c in completions],
+            }
             run.log_table(self.name, table, step=state.global_step)
 
     def _generate(self, args: Any, tokenizer: Any) -> tuple[list, list]:
@@ -308,9 +343,15 @@ class RLLogCompletionsCallback:
         try:
             with accelerator.split_between_processes(self.eval_dataset["prompt"]) as prompts:
                 prompts = [maybe_apply_chat_template({"prompt": p}, tokenizer)["prompt"] for p in prompts]
-                completions = _generate_completions(prompts, model=self.trainer.model_wrapped, tokenizer=tokenizer, accelerator=accelerator,
-                                                    generation_config=self.generation_config, batch_size=args.per_device_eval_batch_size,
-                                                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+                completions = _generate_completions(
+                    prompts,
+                    model=self.trainer.model_wrapped,
+                    tokenizer=tokenizer,
+                    accelerator=accelerator,
+                    generation_config=self.generation_config,
+                    batch_size=args.per_device_eval_batch_size,
+                    gradient_checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+                )
                 return gather_object(prompts), gather_object(completions)
         finally:
             tokenizer.padding_side = padding_side

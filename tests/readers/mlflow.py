@@ -67,11 +67,12 @@ def read_back(env: dict, run_info, experiment_name: str | None = None) -> ReadBa
     if run is None:
         return ReadBack()
     run_id = run.info.run_id
+    changed = {k[len(CONFIG_TAG_PREFIX) :]: v for k, v in run.data.tags.items() if k.startswith(CONFIG_TAG_PREFIX)}
     metrics = {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in sorted(run.data.metrics)}
     return ReadBack(
         metrics=metrics,
         tables=read_tables(client, run_id),
-        config=dict(run.data.params) | {k[len(CONFIG_TAG_PREFIX) :]: v for k, v in run.data.tags.items() if k.startswith(CONFIG_TAG_PREFIX)},
+        config=dict(run.data.params) | changed,
         status=_STATUS.get(run.info.status),
     )
 
