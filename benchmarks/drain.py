@@ -47,9 +47,15 @@ class RawParquet:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        step, key, value, t = zip(*self.rows)
-        table = pa.table({"step": pa.array(step, pa.int64()), "key": pa.array(key), "value": pa.array(value, pa.float64()),
-                          "time": pa.array(t, pa.float64())})
+        step, key, value, t = zip(*self.rows, strict=False)
+        table = pa.table(
+            {
+                "step": pa.array(step, pa.int64()),
+                "key": pa.array(key),
+                "value": pa.array(value, pa.float64()),
+                "time": pa.array(t, pa.float64()),
+            }
+        )
         pq.write_table(table, self.path)
 
 
@@ -57,8 +63,15 @@ def case_rllog(params: dict, workdir: Path) -> dict:
     import rllog
 
     sinks, steps, n = params["sinks"], params["steps"], params.get("n_metrics", 30)
-    run = rllog.init(report_to=sinks, project="bench-drain", name="rllog", config={"lr": 1e-3}, run_dir=workdir / "run",
-                     delivery=params.get("delivery", "process"), health=params.get("health", True))
+    run = rllog.init(
+        report_to=sinks,
+        project="bench-drain",
+        name="rllog",
+        config={"lr": 1e-3},
+        run_dir=workdir / "run",
+        delivery=params.get("delivery", "process"),
+        health=params.get("health", True),
+    )
     run.log(grpo_metrics(0, n), step=0)
     opened = harness.wait_delivered(run.run_dir, sinks, 1, timeout=180, settle=harness.SETTLE_S)
     batches = [grpo_metrics(step, n) for step in range(1, steps + 1)]
@@ -73,8 +86,15 @@ def case_rllog(params: dict, workdir: Path) -> dict:
     t_end = time.perf_counter()
     marks["stop"] = True
     watch.join()
-    return {"log_s": t_last - t0, "drain_s": t_end - t_last, "delivered": report.ok, "report": str(report), "agent_ready_s": opened,
-            "all_written_s": marks.get("written", t_end) - t_last, "all_closed_s": marks.get("closed", t_end) - t_last}
+    return {
+        "log_s": t_last - t0,
+        "drain_s": t_end - t_last,
+        "delivered": report.ok,
+        "report": str(report),
+        "agent_ready_s": opened,
+        "all_written_s": marks.get("written", t_end) - t_last,
+        "all_closed_s": marks.get("closed", t_end) - t_last,
+    }
 
 
 def _watch_cursors(run_dir: Path, sinks: list[str], last_seq: int, marks: dict) -> None:
@@ -127,7 +147,10 @@ def configurations(quick: bool) -> list[tuple[str, list[str], dict]]:
     run on the journal writer thread before the end marker is written."""
     if quick:
         return [("all six", SIX, {})]
-    return [(name, [name], {}) for name in SIX] + [("all six", SIX, {}), ("parquet, health rules off", ["parquet"], {"health": False})]
+    return [(name, [name], {}) for name in SIX] + [
+        ("all six", SIX, {}),
+        ("parquet, health rules off", ["parquet"], {"health": False}),
+    ]
 
 
 def run(quick: bool, tmp: Path) -> dict:
@@ -151,8 +174,14 @@ def targets(results: dict) -> list[dict]:
         if row.get("options"):  # a diagnostic row, not a default configuration
             continue
         r = ratio(row["rllog"].get("drain_s"), row["direct"].get("total_s"))
-        out.append({"what": f"drain, {row['label']}: rllog drain / direct", "target": f"<= {TARGET}x", "measured": fmt_ratio(r),
-                    "met": r <= TARGET if r == r else False})
+        out.append(
+            {
+                "what": f"drain, {row['label']}: rllog drain / direct",
+                "target": f"<= {TARGET}x",
+                "measured": fmt_ratio(r),
+                "met": r <= TARGET if r == r else False,
+            }
+        )
     return out
 
 
@@ -161,11 +190,23 @@ def render(results: dict) -> str:
     for row in results["rows"]:
         mine, theirs = row["rllog"], row["direct"]
         if "error" in mine or "error" in theirs:
-            table.append([row["label"], "failed" if "error" in mine else "", "", "", "", "failed" if "error" in theirs else "", "", ""])
+            table.append(
+                [row["label"], "failed" if "error" in mine else "", "", "", "", "failed" if "error" in theirs else "", "", ""]
+            )
             continue
         r = ratio(mine["drain_s"], theirs["total_s"])
-        table.append([row["label"], mine["log_s"] * 1e3, mine["drain_s"], mine.get("all_written_s"), mine.get("all_closed_s"), theirs["total_s"],
-                      fmt_ratio(r), "yes" if mine.get("delivered") else "**no**"])
+        table.append(
+            [
+                row["label"],
+                mine["log_s"] * 1e3,
+                mine["drain_s"],
+                mine.get("all_written_s"),
+                mine.get("all_closed_s"),
+                theirs["total_s"],
+                fmt_ratio(r),
+                "yes" if mine.get("delivered") else "**no**",
+            ]
+        )
     direct_all = next((row["direct"] for row in results["rows"] if row["label"] == "all six" and "parts" in row["direct"]), None)
     parts = []
     if direct_all:
@@ -174,13 +215,34 @@ def render(results: dict) -> str:
     out = [
         f"{results['steps']} steps of 30 metrics logged back to back; every configuration in its own process.",
         "",
-        md_table(["sinks", "rllog: the burst's log calls, ms", "rllog: last log -> finish() returned, s", "of which: every record written to every sink, s",
-                  "every sink closed, s", "direct: log calls + own finish, s", "drain ratio", "everything delivered"], table),
+        md_table(
+            [
+                "sinks",
+                "rllog: the burst's log calls, ms",
+                "rllog: last log -> finish() returned, s",
+                "of which: every record written to every sink, s",
+                "every sink closed, s",
+                "direct: log calls + own finish, s",
+                "drain ratio",
+                "everything delivered",
+            ],
+            table,
+        ),
     ]
     if parts:
-        out += ["", "Direct, all six, per tracker (s): the trackers' own time for the same data.", "",
-                md_table(["tracker", "log calls", "own finish/close", "total"], parts)]
-    out += ["", md_table(["target", "wanted", "measured", "result"], [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in targets(results)])]
+        out += [
+            "",
+            "Direct, all six, per tracker (s): the trackers' own time for the same data.",
+            "",
+            md_table(["tracker", "log calls", "own finish/close", "total"], parts),
+        ]
+    out += [
+        "",
+        md_table(
+            ["target", "wanted", "measured", "result"],
+            [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in targets(results)],
+        ),
+    ]
     return "\n".join(out)
 
 

@@ -18,6 +18,7 @@ inside it. ``train()`` as a whole is reported too.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -29,12 +30,18 @@ from harness import FIVE, SIX, fmt_ratio, md_table, median, progress, ratio, run
 SCRIPT = Path(__file__).resolve()
 TARGET = 1.05
 CONFIGS = {
-    "a": ("(a) report_to=\"none\"", {"mode": "none"}),
+    "a": ('(a) report_to="none"', {"mode": "none"}),
     "b": ("(b) transformers report_to=five trackers", {"mode": "transformers"}),
-    "c": ("(c) rllog mixin, five + parquet, delivery=\"process\"", {"mode": "rllog", "delivery": "process"}),
-    "c0": ("(c, cold) as (c), training starts while the agent is still opening its trackers", {"mode": "rllog", "delivery": "process", "warm": False}),
-    "cp": ("(c, parquet only) the rllog mixin with its embedded default alone", {"mode": "rllog", "delivery": "process", "sinks": ["parquet"]}),
-    "d": ("(d) rllog mixin, five + parquet, delivery=\"thread\"", {"mode": "rllog", "delivery": "thread"}),
+    "c": ('(c) rllog mixin, five + parquet, delivery="process"', {"mode": "rllog", "delivery": "process"}),
+    "c0": (
+        "(c, cold) as (c), training starts while the agent is still opening its trackers",
+        {"mode": "rllog", "delivery": "process", "warm": False},
+    ),
+    "cp": (
+        "(c, parquet only) the rllog mixin with its embedded default alone",
+        {"mode": "rllog", "delivery": "process", "sinks": ["parquet"]},
+    ),
+    "d": ('(d) rllog mixin, five + parquet, delivery="thread"', {"mode": "rllog", "delivery": "thread"}),
 }
 CONVERSIONS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
 
@@ -66,7 +73,11 @@ class SyncCounter:
             counts = self.counts
             if counts is not None:
                 thread = threading.current_thread()
-                who = "main thread" if thread is threading.main_thread() else ("rllog threads" if thread.name.startswith("rllog") else "other threads")
+                who = (
+                    "main thread"
+                    if thread is threading.main_thread()
+                    else ("rllog threads" if thread.name.startswith("rllog") else "other threads")
+                )
                 per = counts.setdefault(who, {})
                 per[name] = per.get(name, 0) + 1
             return original(tensor, *args, **kwargs)
@@ -125,12 +136,31 @@ def grpo_trainer(model_dir: str, output_dir: str, steps: int, mode: str, deliver
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    settings = dict(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
-                    max_steps=steps, logging_steps=1, report_to=list(FIVE) if mode == "transformers" else "none", log_completions=True,
-                    num_completions_to_print=0, beta=0.04, learning_rate=1e-3, save_strategy="no", seed=0, bf16=False, dataloader_num_workers=0,
-                    run_name="bench-e2e")  # = rllog.demo.make_grpo_trainer's settings
-    return GRPOTrainer(model=model_dir, reward_funcs=[demo.reward_has_digit, demo.reward_short], args=GRPOConfig(**settings),
-                       train_dataset=Dataset.from_dict({"prompt": demo.PROMPTS}))
+    settings = dict(
+        output_dir=output_dir,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=steps,
+        logging_steps=1,
+        report_to=list(FIVE) if mode == "transformers" else "none",
+        log_completions=True,
+        num_completions_to_print=0,
+        beta=0.04,
+        learning_rate=1e-3,
+        save_strategy="no",
+        seed=0,
+        bf16=False,
+        dataloader_num_workers=0,
+        run_name="bench-e2e",
+    )  # = rllog.demo.make_grpo_trainer's settings
+    return GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[demo.reward_has_digit, demo.reward_short],
+        args=GRPOConfig(**settings),
+        train_dataset=Dataset.from_dict({"prompt": demo.PROMPTS}),
+    )
 
 
 def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter | None = None) -> dict:
@@ -180,10 +210,15 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
     t0 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t0
-    result = {"train_s": train_s, "steady_s": marks["train_end"] - step_begins[2], "steady_steps": len(step_begins) - 2,
-              "setup_s": step_begins[0] - marks["train_begin"], "agent_ready_s": agent_ready_s}
+    result = {
+        "train_s": train_s,
+        "steady_s": marks["train_end"] - step_begins[2],
+        "steady_steps": len(step_begins) - 2,
+        "setup_s": step_begins[0] - marks["train_begin"],
+        "agent_ready_s": agent_ready_s,
+    }
     result.update(marks["cpu"].window())
-    diffs = [b - a for a, b in zip(step_begins[2:], step_begins[3:])]
+    diffs = [b - a for a, b in itertools.pairwise(step_begins)]
     result["step_median_ms"] = median(diffs) * 1e3 if diffs else None
     t = time.perf_counter()
     if mode == "rllog":
@@ -260,7 +295,9 @@ def whole_ratios(whole: dict) -> dict[int, list[float]]:
     for run in whole.get("runs", []):
         if run["key"] != "c0" or "error" in run:
             continue
-        base = next((x for x in whole["runs"] if x["key"] == "a" and x["steps"] == run["steps"] and x["round"] == run["round"]), None)
+        base = next(
+            (x for x in whole["runs"] if x["key"] == "a" and x["steps"] == run["steps"] and x["round"] == run["round"]), None
+        )
         if base:
             out.setdefault(run["steps"], []).append(run["train_s"] / base["train_s"])
     return out
@@ -277,7 +314,7 @@ def plan(quick: bool) -> list[tuple[str, int]]:
     if quick:
         return [(k, 0) for k in rounds[0]] + [("d", 0)]
     order = [(k, r) for r, keys in enumerate(rounds) for k in keys]
-    return order + [("c0", 0), ("d", 0), ("d", 1), ("b", 0)]
+    return [*order, ("c0", 0), ("d", 0), ("d", 1), ("b", 0)]
 
 
 def run(quick: bool, tmp: Path) -> dict:
@@ -332,14 +369,24 @@ def targets(results: dict) -> list[dict]:
     s = summary(results)
     per_round = round_ratios(results, "c")
     r = median(per_round) if per_round else ratio(s.get("c", {}).get("steady_s"), s.get("a", {}).get("steady_s"))
-    out = [{"what": "end to end: (c) rllog mixin / (a) report_to=none, steady training time (median of per-round ratios)",
-            "target": f"<= {TARGET}x", "measured": fmt_ratio(r) + (" (rounds: " + ", ".join(f"{x:.2f}" for x in per_round) + ")" if per_round else ""),
-            "met": r <= TARGET if r == r else False}]
+    out = [
+        {
+            "what": "end to end: (c) rllog mixin / (a) report_to=none, steady training time (median of per-round ratios)",
+            "target": f"<= {TARGET}x",
+            "measured": fmt_ratio(r) + (" (rounds: " + ", ".join(f"{x:.2f}" for x in per_round) + ")" if per_round else ""),
+            "met": r <= TARGET if r == r else False,
+        }
+    ]
     for steps, ratios in sorted(whole_ratios(results.get("whole", {})).items()):
         m = median(ratios)
-        out.append({"what": f"end to end, whole train() incl. start-up, {steps} steps: (c, cold) five trackers + parquet / (a) none",
-                    "target": f"<= {TARGET}x", "measured": fmt_ratio(m) + " (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")",
-                    "met": m <= TARGET})
+        out.append(
+            {
+                "what": f"end to end, whole train() incl. start-up, {steps} steps: (c, cold) five trackers + parquet / (a) none",
+                "target": f"<= {TARGET}x",
+                "measured": fmt_ratio(m) + " (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")",
+                "met": m <= TARGET,
+            }
+        )
     return out
 
 
@@ -352,10 +399,20 @@ def render(results: dict) -> str:
             continue
         x = s[key]
         per_round = round_ratios(results, key) if key not in ("a",) else []
-        rows.append([label, x["steady_s"], fmt_ratio(ratio(x["steady_s"], a.get("steady_s"))),
-                     " / ".join(f"{v:.2f}" for v in per_round) if per_round else "", x["step_ms"], x["train_s"],
-                     fmt_ratio(ratio(x["train_s"], a.get("train_s"))), x["finish_s"], " / ".join(f"{v:.1f}" for v in x["all_steady"]),
-                     "yes" if x["delivered"] else "**no**"])
+        rows.append(
+            [
+                label,
+                x["steady_s"],
+                fmt_ratio(ratio(x["steady_s"], a.get("steady_s"))),
+                " / ".join(f"{v:.2f}" for v in per_round) if per_round else "",
+                x["step_ms"],
+                x["train_s"],
+                fmt_ratio(ratio(x["train_s"], a.get("train_s"))),
+                x["finish_s"],
+                " / ".join(f"{v:.1f}" for v in x["all_steady"]),
+                "yes" if x["delivered"] else "**no**",
+            ]
+        )
         cpu_rows.append([label, x["cpu_main_s"], x["cpu_other_threads_s"], x["cpu_agent_s"], x["agent_ready_s"]])
     thread = ratio(s.get("d", {}).get("steady_s"), s.get("c", {}).get("steady_s"))
     out = [
@@ -366,18 +423,43 @@ def render(results: dict) -> str:
         "(c) and (d) start training once rllog's trackers are open (a first record delivered), as (b)'s trackers are opened in "
         "`on_train_begin`, outside the timed window; (c, cold) does not wait.",
         "",
-        md_table(["configuration", "steady s (step 3 -> end), median", "vs (a)", "vs (a) in the same round", "median step ms", "train() s", "vs (a)",
-                  "finish after train() s", "steady s per run", "delivered"], rows),
+        md_table(
+            [
+                "configuration",
+                "steady s (step 3 -> end), median",
+                "vs (a)",
+                "vs (a) in the same round",
+                "median step ms",
+                "train() s",
+                "vs (a)",
+                "finish after train() s",
+                "steady s per run",
+                "delivered",
+            ],
+            rows,
+        ),
         "",
         "CPU seconds in the steady window (2 cores; whatever the agent and tracker threads use is taken from the trainer's share "
         "when both cores are busy):",
         "",
-        md_table(["configuration", "training thread", "other threads of the trainer process", "delivery agent process", "agent ready after s"], cpu_rows),
+        md_table(
+            [
+                "configuration",
+                "training thread",
+                "other threads of the trainer process",
+                "delivery agent process",
+                "agent ready after s",
+            ],
+            cpu_rows,
+        ),
         "",
-        f"Delivery in the agent process against `delivery=\"thread\"`: (d) / (c) = {fmt_ratio(thread)} on the steady time "
+        f'Delivery in the agent process against `delivery="thread"`: (d) / (c) = {fmt_ratio(thread)} on the steady time '
         f"(design note, measured before the project existed: 2.0-2.4x in a thread, 1.0-1.2x from a second process).",
         "",
-        md_table(["target", "wanted", "measured", "result"], [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in targets(results)]),
+        md_table(
+            ["target", "wanted", "measured", "result"],
+            [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in targets(results)],
+        ),
     ]
     return "\n".join(out)
 

@@ -24,8 +24,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rllog.offline import OFFLINE_ENV, ONLINE_VARS
 
@@ -73,7 +74,10 @@ def grpo_metrics(step: int, n: int = 30, seed: int = 0) -> dict[str, float]:
         "clip_ratio/region_mean": abs(rng.gauss(0.03, 0.003)), "clip_ratio/low_min": 0.0, "clip_ratio/high_max": abs(rng.gauss(0.05, 0.01)),
         "step_time": 0.5 + rng.random() * 0.1, "epoch": p * 3, "train_tokens_per_second": 8000 + rng.gauss(0, 100),
     }  # fmt: skip
-    return {k: known[k] if k in known else (rng.random() if k.endswith("/mean") else abs(rng.gauss(0.3, 0.05))) for k in metric_keys(n)}
+    return {
+        k: known[k] if k in known else (rng.random() if k.endswith("/mean") else abs(rng.gauss(0.3, 0.05)))
+        for k in metric_keys(n)
+    }
 
 
 class StepWork:
@@ -177,8 +181,17 @@ def ratio(a: float | None, b: float | None) -> float:
 # --- one configuration, one process ------------------------------------------------------------------
 
 
-def run_case(script: Path, case: str, params: dict | None, tmp: Path, *, plugins: bool = False, timeout: float = 900.0,
-             command: list[str] | None = None, env_extra: dict | None = None) -> dict:
+def run_case(
+    script: Path,
+    case: str,
+    params: dict | None,
+    tmp: Path,
+    *,
+    plugins: bool = False,
+    timeout: float = 900.0,
+    command: list[str] | None = None,
+    env_extra: dict | None = None,
+) -> dict:
     """Run ``case`` of ``script`` in a fresh process (its own work dir under ``tmp``); return its JSON result.
 
     A case that fails returns ``{"error": ...}`` (the tail of its output) instead of stopping the benchmarks.
@@ -187,7 +200,7 @@ def run_case(script: Path, case: str, params: dict | None, tmp: Path, *, plugins
     out = workdir / "result.json"
     env = offline_env(workdir, plugins=plugins) | (env_extra or {})
     base = command or [sys.executable, str(script)]
-    cmd = base + ["--worker", case, "--params", json.dumps(params or {}), "--out", str(out), "--workdir", str(workdir)]
+    cmd = [*base, "--worker", case, "--params", json.dumps(params or {}), "--out", str(out), "--workdir", str(workdir)]
     log_path = workdir / "output.log"
     started = time.perf_counter()
     with open(log_path, "wb") as log:
@@ -235,7 +248,9 @@ def module_main(run: Callable[[bool, Path], dict], render: Callable[[dict], str]
         worker_main(cases)
         return
     parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0] if doc else None)
-    parser.add_argument("--quick", action="store_true", help="fewer calls, steps and configurations (minutes, not tens of minutes)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer calls, steps and configurations (minutes, not tens of minutes)"
+    )
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
@@ -333,12 +348,32 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "ram": ram, "os": platform.platform(), "python": platform.python_version(),
-            "loadavg": os.getloadavg()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "ram": ram,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "loadavg": os.getloadavg(),
+    }
 
 
-PACKAGES = ["rllog", "torch", "trl", "transformers", "accelerate", "datasets", "wandb", "trackio", "tensorboard", "mlflow", "comet_ml",
-            "pyarrow", "numpy", "matplotlib"]
+PACKAGES = [
+    "rllog",
+    "torch",
+    "trl",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "wandb",
+    "trackio",
+    "tensorboard",
+    "mlflow",
+    "comet_ml",
+    "pyarrow",
+    "numpy",
+    "matplotlib",
+]
 
 
 def versions() -> dict[str, str]:

@@ -124,7 +124,13 @@ class DirectComet:
         self.experiment.end()
 
 
-DIRECT = {"wandb": DirectWandb, "tensorboard": DirectTensorBoard, "mlflow": DirectMlflow, "trackio": DirectTrackio, "comet_ml": DirectComet}
+DIRECT = {
+    "wandb": DirectWandb,
+    "tensorboard": DirectTensorBoard,
+    "mlflow": DirectMlflow,
+    "trackio": DirectTrackio,
+    "comet_ml": DirectComet,
+}
 
 
 def make_direct(name: str, mlflow_uri: str | None = None):
@@ -134,7 +140,9 @@ def make_direct(name: str, mlflow_uri: str | None = None):
 # --- the timed loop --------------------------------------------------------------------------------------
 
 
-def timed_loop(call, batches: list, first_step: int, gap_ms: float, max_seconds: float | None = None, min_calls: int | None = None) -> list[int]:
+def timed_loop(
+    call, batches: list, first_step: int, gap_ms: float, max_seconds: float | None = None, min_calls: int | None = None
+) -> list[int]:
     """Time ``call(batch, step)`` for each batch, with ``gap_ms`` of untimed step work (:class:`harness.StepWork`)
     between calls. Stops early after ``max_seconds`` once ``min_calls`` are done (a 40 ms tracker call needs
     no 1000 samples)."""
@@ -212,8 +220,14 @@ def measure_rllog(params: dict, run_dir: Path) -> tuple[list[int], dict]:
 
     sinks = params.get("sinks") or []
     warmup, calls, gap, max_seconds = _loop_params(params)
-    run = rllog.init(report_to=sinks or "none", project="bench-hot-path", name="rllog", delivery=params.get("delivery", "process"),
-                     config={"lr": 1e-3}, run_dir=run_dir)
+    run = rllog.init(
+        report_to=sinks or "none",
+        project="bench-hot-path",
+        name="rllog",
+        delivery=params.get("delivery", "process"),
+        config={"lr": 1e-3},
+        run_dir=run_dir,
+    )
     for step, batch in enumerate(_batches(params, 0, warmup)):
         run.log(batch, step=step)
     wait_for = params.get("wait_for", sinks)  # a sink that is down never gets there
@@ -224,8 +238,14 @@ def measure_rllog(params: dict, run_dir: Path) -> tuple[list[int], dict]:
     t = time.perf_counter()
     report = run.finish(timeout=params.get("finish_timeout", 600))
     states = {name: {"state": r.state, "delivered": r.delivered, "pending": r.pending} for name, r in report.items()}
-    return samples, {"finish_s": time.perf_counter() - t, "delivered": report.ok, "agent_ready_s": opened, "report": str(report),
-                     "sinks": states, "records": run._seq}
+    return samples, {
+        "finish_s": time.perf_counter() - t,
+        "delivered": report.ok,
+        "agent_ready_s": opened,
+        "report": str(report),
+        "sinks": states,
+        "records": run._seq,
+    }
 
 
 def case_rllog_series(params: dict, workdir: Path) -> dict:
@@ -239,14 +259,20 @@ def case_rllog_series(params: dict, workdir: Path) -> dict:
     pooled: dict[str, list[int]] = {c["label"]: [] for c in configs}
     info: dict[str, list[dict]] = {c["label"]: [] for c in configs}
     for i, config in enumerate(order):
-        samples, extra = measure_rllog(config | {k: v for k, v in params.items() if k not in ("configs", "rounds")}, workdir / f"run{i}")
+        samples, extra = measure_rllog(
+            config | {k: v for k, v in params.items() if k not in ("configs", "rounds")}, workdir / f"run{i}"
+        )
         pooled[config["label"]].extend(samples)
         info[config["label"]].append(extra | {"median_us": summarize_ns(samples)["median_us"]})
     out = {}
     for label, samples in pooled.items():
         runs = info[label]
-        out[label] = summarize_ns(samples) | {"run_medians_us": [r["median_us"] for r in runs], "finish_s": harness.median([r["finish_s"] for r in runs]),
-                                              "delivered": all(r["delivered"] for r in runs), "agent_ready_s": harness.median([r["agent_ready_s"] for r in runs])}
+        out[label] = summarize_ns(samples) | {
+            "run_medians_us": [r["median_us"] for r in runs],
+            "finish_s": harness.median([r["finish_s"] for r in runs]),
+            "delivered": all(r["delivered"] for r in runs),
+            "agent_ready_s": harness.median([r["agent_ready_s"] for r in runs]),
+        }
     return {"configs": out}
 
 
@@ -316,10 +342,25 @@ def make_trainer(workdir: Path, report_to, callbacks=()):
     from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainingArguments
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                         num_key_value_heads=2, max_position_embeddings=256))
-    args = TrainingArguments(output_dir=str(workdir / "out"), report_to=report_to, use_cpu=True, logging_steps=1, run_name="bench-trainer",
-                             save_strategy="no")
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=300,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=str(workdir / "out"),
+        report_to=report_to,
+        use_cpu=True,
+        logging_steps=1,
+        run_name="bench-trainer",
+        save_strategy="no",
+    )
     trainer = Trainer(model=model, args=args, callbacks=list(callbacks))
     trainer.state.epoch = 0.0
     trainer.state.max_steps = 10**6
@@ -327,8 +368,15 @@ def make_trainer(workdir: Path, report_to, callbacks=()):
     return trainer
 
 
-TRACKER_CALLBACKS = {"WandbCallback": "wandb", "TensorBoardCallback": "tensorboard", "MLflowCallback": "mlflow", "TrackioCallback": "trackio",
-                     "CometCallback": "comet_ml", "RLLogCallback": "rllog", "ProgressCallback": "progress bar"}
+TRACKER_CALLBACKS = {
+    "WandbCallback": "wandb",
+    "TensorBoardCallback": "tensorboard",
+    "MLflowCallback": "mlflow",
+    "TrackioCallback": "trackio",
+    "CometCallback": "comet_ml",
+    "RLLogCallback": "rllog",
+    "ProgressCallback": "progress bar",
+}
 
 
 def case_trainer(params: dict, workdir: Path) -> dict:
@@ -375,7 +423,13 @@ def case_trainer(params: dict, workdir: Path) -> dict:
     return summarize_ns(samples) | {"finish_s": time.perf_counter() - t, "parts": parts.summary()}
 
 
-CASES = {"rllog": case_rllog, "rllog_series": case_rllog_series, "direct": case_direct, "accelerate": case_accelerate, "trainer": case_trainer}
+CASES = {
+    "rllog": case_rllog,
+    "rllog_series": case_rllog_series,
+    "direct": case_direct,
+    "accelerate": case_accelerate,
+    "trainer": case_trainer,
+}
 
 
 # --- the comparison -------------------------------------------------------------------------------------
@@ -383,7 +437,8 @@ CASES = {"rllog": case_rllog, "rllog_series": case_rllog_series, "direct": case_
 
 def start_mlflow_server(tmp: Path):
     sys.path.insert(0, str(harness.ROOT / "tests"))
-    from mlflow_server import _stop, start_mlflow_server as start
+    from mlflow_server import _stop
+    from mlflow_server import start_mlflow_server as start
 
     proc, uri = start(tmp / "mlflow_server")
     return proc, uri, _stop
@@ -393,22 +448,22 @@ def configurations(quick: bool, mlflow_uri: str | None) -> list[tuple[str, str, 
     """(group, label, case, params) in the order they run. The rllog rows with process delivery run together
     in one process (case ``series``), interleaved over rounds."""
     out = [
-        ("rllog", "rllog, 0 sinks (report_to=\"none\")", "series", {"sinks": []}),
+        ("rllog", 'rllog, 0 sinks (report_to="none")', "series", {"sinks": []}),
         ("rllog", "rllog, 1 sink (parquet)", "series", {"sinks": ["parquet"]}),
         ("rllog", "rllog, 3 sinks (parquet, wandb, tensorboard)", "series", {"sinks": ["parquet", "wandb", "tensorboard"]}),
         ("rllog", "rllog, 6 sinks (" + ", ".join(SIX) + ")", "series", {"sinks": SIX}),
         ("rllog", "rllog, 0 sinks, back to back (no step work between calls)", "series", {"sinks": [], "gap_ms": 0.0}),
     ]
     if not quick:  # in its own process: thread delivery loads the trackers into it
-        out.append(("rllog", "rllog, 6 sinks, delivery=\"thread\"", "rllog", {"sinks": SIX, "delivery": "thread"}))
-    for name in ([] if quick else FIVE):  # quick: each tracker's share is still timed inside the five (below)
+        out.append(("rllog", 'rllog, 6 sinks, delivery="thread"', "rllog", {"sinks": SIX, "delivery": "thread"}))
+    for name in [] if quick else FIVE:  # quick: each tracker's share is still timed inside the five (below)
         out.append(("direct", f"{name}, own API", "direct", {"trackers": [name]}))
         if name == "mlflow" and mlflow_uri:
             out.append(("direct", "mlflow, own API, local server", "direct", {"trackers": ["mlflow"], "mlflow_uri": mlflow_uri}))
     out.append(("direct", "all five, own APIs one after the other", "direct", {"trackers": FIVE}))
     if not quick:
         out.append(("accelerate", "Accelerator.log, log_with=all five", "accelerate", {"trackers": FIVE}))
-        out.append(("trainer", "Trainer.log, report_to=\"none\"", "trainer", {"trackers": []}))
+        out.append(("trainer", 'Trainer.log, report_to="none"', "trainer", {"trackers": []}))
         out.append(("trainer", "Trainer.log, report_to=all five", "trainer", {"trackers": FIVE}))
         out.append(("trainer", "Trainer.log + RLLogCallback (6 sinks)", "trainer", {"trackers": [], "rllog_sinks": SIX}))
     return out
@@ -443,8 +498,13 @@ def run(quick: bool, tmp: Path) -> dict:
     rows = []
     series = [(group, label, params) for group, label, case, params in configs if case == "series"]
     progress(f"hot path: rllog with 0, 1, 3, 6 sinks and back to back, {rounds} round(s) in one process")
-    result = run_case(SCRIPT, "rllog_series", {"configs": [p | {"label": label} for _, label, p in series], "rounds": rounds, "calls": calls,
-                                               "max_seconds": None}, tmp, timeout=1800)
+    result = run_case(
+        SCRIPT,
+        "rllog_series",
+        {"configs": [p | {"label": label} for _, label, p in series], "rounds": rounds, "calls": calls, "max_seconds": None},
+        tmp,
+        timeout=1800,
+    )
     for group, label, params in series:
         row = result.get("configs", {}).get(label, {"error": result.get("error", "missing")})
         rows.append({"group": group, "label": label, "case": "series", "params": params, **row})
@@ -476,22 +536,29 @@ def find(results: dict, label_start: str) -> dict | None:
 
 def targets(results: dict) -> list[dict]:
     six = find(results, "rllog, 6 sinks (")
-    rllog_rows = [r for r in results["rows"] if r["group"] == "rllog" and not ({"delivery", "gap_ms"} & set(r["params"])) and "error" not in r]
+    rllog_rows = [
+        r
+        for r in results["rows"]
+        if r["group"] == "rllog" and not ({"delivery", "gap_ms"} & set(r["params"])) and "error" not in r
+    ]
     medians = [r["median_us"] for r in rllog_rows]
     flat = (max(medians) / min(medians)) if medians else float("nan")
-    out = [{
-        "what": "hot path: rllog `log` median, 6 sinks",
-        "target": f"<= {TARGET_US:.0f} us",
-        "measured": f"{six['median_us']:.1f} us (p99 {six['p99_us']:.0f} us)" if six else "failed",
-        "met": (six["median_us"] <= TARGET_US) if six else False,
-        "by": f"{six['median_us'] / TARGET_US:.1f}x the target" if six and six["median_us"] > TARGET_US else "",
-    }, {
-        "what": "hot path: flat in the number of sinks (0/1/3/6)",
-        "target": "max/min median <= 1.25x",
-        "measured": f"{flat:.2f}x (" + " / ".join(f"{m:.1f}" for m in medians) + " us)",
-        "met": flat <= 1.25,
-        "by": "",
-    }]
+    out = [
+        {
+            "what": "hot path: rllog `log` median, 6 sinks",
+            "target": f"<= {TARGET_US:.0f} us",
+            "measured": f"{six['median_us']:.1f} us (p99 {six['p99_us']:.0f} us)" if six else "failed",
+            "met": (six["median_us"] <= TARGET_US) if six else False,
+            "by": f"{six['median_us'] / TARGET_US:.1f}x the target" if six and six["median_us"] > TARGET_US else "",
+        },
+        {
+            "what": "hot path: flat in the number of sinks (0/1/3/6)",
+            "target": "max/min median <= 1.25x",
+            "measured": f"{flat:.2f}x (" + " / ".join(f"{m:.1f}" for m in medians) + " us)",
+            "met": flat <= 1.25,
+            "by": "",
+        },
+    ]
     return out
 
 
@@ -505,7 +572,11 @@ def render(results: dict) -> str:
             table.append([r["label"], "failed", "", "", "", "", ""])
             continue
         vs = ratio(r["median_us"], base) if r["group"] != "rllog" else None
-        label = r["label"] + (" (runs: " + " / ".join(f"{m:.1f}" for m in r["run_medians_us"]) + ")" if len(r.get("run_medians_us") or []) > 1 else "")
+        label = r["label"] + (
+            " (runs: " + " / ".join(f"{m:.1f}" for m in r["run_medians_us"]) + ")"
+            if len(r.get("run_medians_us") or []) > 1
+            else ""
+        )
         table.append([label, r["median_us"], r["p99_us"], r["mean_us"], r["n"], fmt_ratio(vs) if vs else "", r.get("finish_s")])
     out = [
         f"30 GRPO-shaped float metrics per call; up to {results['calls']} timed calls per configuration after 50 untimed ones "
@@ -518,8 +589,12 @@ def render(results: dict) -> str:
         md_table(["configuration", "median us", "p99 us", "mean us", "calls", "median / rllog 6 sinks", "finish/close s"], table),
     ]
     breakdown = []
-    sources = [("direct", "all five, own APIs"), ("accelerate", "Accelerator.log, log_with=all five"), ("trainer", "Trainer.log, report_to=all five")]
-    for name in FIVE + ["progress bar", "rllog"]:
+    sources = [
+        ("direct", "all five, own APIs"),
+        ("accelerate", "Accelerator.log, log_with=all five"),
+        ("trainer", "Trainer.log, report_to=all five"),
+    ]
+    for name in [*FIVE, "progress bar", "rllog"]:
         own = find(results, f"{name}, own API")
         cells = [name, own["median_us"] if own else None]
         for _, label in sources:
@@ -531,11 +606,32 @@ def render(results: dict) -> str:
         cells.append(part["median_us"] if part else None)
         if any(c is not None for c in cells[1:]):
             breakdown.append(cells)
-    out += ["", "Where the time goes, per tracker (median us of that tracker's own call inside the loop):", "",
-            md_table(["tracker", "own API, alone", "in the five, own APIs", "in Accelerator.log", "in Trainer.log (its callback's on_log)",
-                      "in Trainer.log + RLLogCallback"], breakdown)]
-    out += ["", md_table(["target", "wanted", "measured", "result"],
-                         [[t["what"], t["target"], t["measured"] + (f"; {t['by']}" if t["by"] else ""), verdict(t["met"])] for t in targets(results)])]
+    out += [
+        "",
+        "Where the time goes, per tracker (median us of that tracker's own call inside the loop):",
+        "",
+        md_table(
+            [
+                "tracker",
+                "own API, alone",
+                "in the five, own APIs",
+                "in Accelerator.log",
+                "in Trainer.log (its callback's on_log)",
+                "in Trainer.log + RLLogCallback",
+            ],
+            breakdown,
+        ),
+    ]
+    out += [
+        "",
+        md_table(
+            ["target", "wanted", "measured", "result"],
+            [
+                [t["what"], t["target"], t["measured"] + (f"; {t['by']}" if t["by"] else ""), verdict(t["met"])]
+                for t in targets(results)
+            ],
+        ),
+    ]
     return "\n".join(out)
 
 

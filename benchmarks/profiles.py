@@ -37,7 +37,11 @@ def _stats_text(profile: cProfile.Profile, sort: str, limit: int, strip: str | N
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip().startswith("ncalls")), 0)
     header = [line for line in lines[:start] if "function calls" in line]
-    body = [line.replace(str(harness.ROOT) + "/", "").replace(".venv/lib/python3.11/site-packages/", "") for line in lines[start:] if line.strip()]
+    body = [
+        line.replace(str(harness.ROOT) + "/", "").replace(".venv/lib/python3.11/site-packages/", "")
+        for line in lines[start:]
+        if line.strip()
+    ]
     return "\n".join([h.strip() for h in header] + body)
 
 
@@ -52,7 +56,11 @@ def case_hot_path(params: dict, workdir: Path) -> dict:
         run.log(batch, step=step)
     profile.disable()
     run.finish()
-    return {"calls": len(batches), "tottime": _stats_text(profile, "tottime", 14), "cumtime": _stats_text(profile, "cumulative", 14)}
+    return {
+        "calls": len(batches),
+        "tottime": _stats_text(profile, "tottime", 14),
+        "cumtime": _stats_text(profile, "cumulative", 14),
+    }
 
 
 def _journal_like_the_mixin(run_dir: Path, steps: int) -> None:
@@ -92,7 +100,7 @@ def case_delivery(params: dict, workdir: Path) -> dict:
         follower.sink = sink  # already open: only the delivery is measured
         calls = {"write_metrics": 0, "write_table": 0, "flush": 0, "cursor saves": 0}
 
-        def counted(fn, key):
+        def counted(fn, key, calls=calls):
             def wrapper(*args, **kwargs):
                 calls[key] += 1
                 return fn(*args, **kwargs)
@@ -108,19 +116,25 @@ def case_delivery(params: dict, workdir: Path) -> dict:
         follower.run()
         profile.disable()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        out[name] = {"open_s": open_s, "wall_ms_per_step": wall * 1e3 / steps, "cpu_ms_per_step": cpu * 1e3 / steps, "state": follower.state,
-                     "calls_per_step": {k: v / steps for k, v in calls.items()},
-                     "tottime": _stats_text(profile, "tottime", 10), "cumtime": _stats_text(profile, "cumulative", 22)}
+        out[name] = {
+            "open_s": open_s,
+            "wall_ms_per_step": wall * 1e3 / steps,
+            "cpu_ms_per_step": cpu * 1e3 / steps,
+            "state": follower.state,
+            "calls_per_step": {k: v / steps for k, v in calls.items()},
+            "tottime": _stats_text(profile, "tottime", 10),
+            "cumtime": _stats_text(profile, "cumulative", 22),
+        }
     return {"steps": steps, "sinks": out}
 
 
 def case_tables(params: dict, workdir: Path) -> dict:
     """rllog's Parquet writer on the same tables as ``scaling.case_tables_compare``; only the writing is profiled."""
+    import scaling
+
     from rllog.records import RunInfo, TableRecord
     from rllog.values import to_arrow_table
     from rllog_backends.parquet import ParquetSink
-
-    import scaling
 
     tables = [scaling.completions(params["rows"], step) for step in range(params["count"])]
     to_arrow_table("warm-up", tables[0])  # imports outside the profile
@@ -167,8 +181,13 @@ def case_integration(params: dict, workdir: Path) -> dict:
 
     torch.set_num_threads(1)
     steps = params.get("steps", 40)
-    trainer = make_grpo_trainer(build_tiny_model(str(workdir / "model")), str(workdir / "out"), steps, report_to=["parquet"],
-                                rllog_options={"run_dir": str(workdir / "run")})
+    trainer = make_grpo_trainer(
+        build_tiny_model(str(workdir / "model")),
+        str(workdir / "out"),
+        steps,
+        report_to=["parquet"],
+        rllog_options={"run_dir": str(workdir / "run")},
+    )
     profile = cProfile.Profile()
     start = time.process_time()
     profile.enable()
@@ -177,12 +196,21 @@ def case_integration(params: dict, workdir: Path) -> dict:
     train_cpu = time.process_time() - start
     trainer.rllog_run.finish()
     stats = pstats.Stats(profile)
-    own = sum(entry[3] for (filename, _, name), entry in stats.stats.items()
-              if "/rllog/" in filename and name in INTEGRATION_ENTRY_POINTS)
+    own = sum(
+        entry[3]
+        for (filename, _, name), entry in stats.stats.items()
+        if "/rllog/" in filename and name in INTEGRATION_ENTRY_POINTS
+    )
     return {"steps": steps, "rllog_ms_per_step": own * 1e3 / steps, "train_cpu_ms_per_step": train_cpu * 1e3 / steps}
 
 
-CASES = {"hot_path": case_hot_path, "delivery": case_delivery, "tables": case_tables, "health": case_health, "integration": case_integration}
+CASES = {
+    "hot_path": case_hot_path,
+    "delivery": case_delivery,
+    "tables": case_tables,
+    "health": case_health,
+    "integration": case_integration,
+}
 
 
 def run(quick: bool, tmp: Path, which: list[str] | None = None) -> dict:
@@ -208,36 +236,80 @@ def run(quick: bool, tmp: Path, which: list[str] | None = None) -> dict:
 
 def delivery_table(results: dict) -> str:
     d = results.get("delivery", {})
-    rows = [[name, s["cpu_ms_per_step"], s["wall_ms_per_step"], s["open_s"],
-             ", ".join(f"{k} {v:.2f}" for k, v in s.get("calls_per_step", {}).items()), s["state"]] for name, s in d.get("sinks", {}).items()]
+    rows = [
+        [
+            name,
+            s["cpu_ms_per_step"],
+            s["wall_ms_per_step"],
+            s["open_s"],
+            ", ".join(f"{k} {v:.2f}" for k, v in s.get("calls_per_step", {}).items()),
+            s["state"],
+        ]
+        for name, s in d.get("sinks", {}).items()
+    ]
     if not rows:
         return ""
     rows.append(["**all six**", sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[3] for r in rows), "", ""])
-    return md_table(["sink", "CPU ms per step (process, tracker threads included)", "wall ms per step", "open s", "calls per step", "state"], rows)
+    return md_table(
+        ["sink", "CPU ms per step (process, tracker threads included)", "wall ms per step", "open s", "calls per step", "state"],
+        rows,
+    )
 
 
 def render(results: dict) -> str:
     out = []
     if "hot_path" in results and "tottime" in results["hot_path"]:
-        out += [f"**Hot path**, {results['hot_path']['calls']:,} `run.log` calls of 30 floats (cProfile, by own time):", "", "```",
-                results["hot_path"]["tottime"], "```"]
+        out += [
+            f"**Hot path**, {results['hot_path']['calls']:,} `run.log` calls of 30 floats (cProfile, by own time):",
+            "",
+            "```",
+            results["hot_path"]["tottime"],
+            "```",
+        ]
     if "delivery" in results and "sinks" in results["delivery"]:
-        out += ["", f"**Delivery** of {results['delivery']['steps']} tiny-GRPO steps (30 metrics + a 16-row table each), per sink:", "",
-                delivery_table(results)]
+        out += [
+            "",
+            f"**Delivery** of {results['delivery']['steps']} tiny-GRPO steps (30 metrics + a 16-row table each), per sink:",
+            "",
+            delivery_table(results),
+        ]
         for name, s in results["delivery"]["sinks"].items():
-            out += ["", f"`{name}` (cProfile on the delivering thread, open excluded, close included; by cumulative time):", "", "```",
-                    s["cumtime"], "```"]
+            out += [
+                "",
+                f"`{name}` (cProfile on the delivering thread, open excluded, close included; by cumulative time):",
+                "",
+                "```",
+                s["cumtime"],
+                "```",
+            ]
     if "health" in results and "tottime" in results["health"]:
         h = results["health"]
-        out += ["", f"**Health rules** on the journal writer thread, {h['steps']} steps of 30 metrics: {h['ms_per_step']:.2f} ms per step "
-                "(cProfile, by own time):", "", "```", h["tottime"], "```"]
+        out += [
+            "",
+            f"**Health rules** on the journal writer thread, {h['steps']} steps of 30 metrics: {h['ms_per_step']:.2f} ms per step "
+            "(cProfile, by own time):",
+            "",
+            "```",
+            h["tottime"],
+            "```",
+        ]
     if "integration" in results and "rllog_ms_per_step" in results["integration"]:
         i = results["integration"]
-        out += ["", f"**The TRL mixin on the training thread**, tiny GRPO, {i['steps']} steps, parquet only (cProfile): rllog's entry points "
-                f"({', '.join(f'`{n}`' for n in INTEGRATION_ENTRY_POINTS)}) take {i['rllog_ms_per_step']:.2f} ms per step, of "
-                f"{i['train_cpu_ms_per_step']:.0f} ms of CPU per step for the whole training (under the profiler)."]
+        out += [
+            "",
+            f"**The TRL mixin on the training thread**, tiny GRPO, {i['steps']} steps, parquet only (cProfile): rllog's entry points "
+            f"({', '.join(f'`{n}`' for n in INTEGRATION_ENTRY_POINTS)}) take {i['rllog_ms_per_step']:.2f} ms per step, of "
+            f"{i['train_cpu_ms_per_step']:.0f} ms of CPU per step for the whole training (under the profiler).",
+        ]
     if "tables" in results and "cumtime" in results["tables"]:
-        out += ["", "**Parquet writer**, 10 tables of 1,000 rows (cProfile, by cumulative time):", "", "```", results["tables"]["cumtime"], "```"]
+        out += [
+            "",
+            "**Parquet writer**, 10 tables of 1,000 rows (cProfile, by cumulative time):",
+            "",
+            "```",
+            results["tables"]["cumtime"],
+            "```",
+        ]
     return "\n".join(out)
 
 

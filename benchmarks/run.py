@@ -11,10 +11,10 @@ Every measured configuration runs in its own process, one at a time. Not part of
 from __future__ import annotations
 
 import argparse
-import os
 import datetime
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -27,7 +27,7 @@ import hot_path
 import profiles
 import scaling
 import syncs
-from harness import FIVE, SIX, fmt, fmt_ratio, md_table, median, progress, ratio, verdict
+from harness import fmt, fmt_ratio, md_table, median, progress, ratio, verdict
 
 DOCS = harness.ROOT / "docs"
 SECTIONS = {"hot_path": hot_path, "drain": drain, "scaling": scaling, "end_to_end": end_to_end, "syncs": syncs}
@@ -38,9 +38,16 @@ def git_commit() -> str:
     import subprocess
 
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=harness.ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "rllog", "rllog_backends"], cwd=harness.ROOT, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=harness.ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "rllog", "rllog_backends"],
+            cwd=harness.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + (" (with uncommitted changes in rllog/)" if dirty else "") if head else "unknown"
@@ -87,12 +94,24 @@ def chart(results: dict, path: Path) -> None:
     hp = results.get("hot_path", {}).get("rows", [])
     rows = [r for r in hp if "error" not in r]
     if rows:
-        labels = [r["label"].replace(" (parquet, wandb, trackio, tensorboard, mlflow, comet_ml)", "").replace(" one after the other", "")
-                  .replace(" (report_to=\"none\")", "").replace(" (no step work between calls)", "").replace(" (parquet, wandb, tensorboard)", "")
-                  .replace(", log_with=all five", ", five").replace(", report_to=all five", ", five").replace("own API, local server", "own API, server")
-                  for r in rows]
-        colors = ["tab:green" if r["group"] == "rllog" else {"direct": "tab:blue", "accelerate": "tab:orange", "trainer": "tab:red"}[r["group"]]
-                  for r in rows]
+        labels = [
+            r["label"]
+            .replace(" (parquet, wandb, trackio, tensorboard, mlflow, comet_ml)", "")
+            .replace(" one after the other", "")
+            .replace(' (report_to="none")', "")
+            .replace(" (no step work between calls)", "")
+            .replace(" (parquet, wandb, tensorboard)", "")
+            .replace(", log_with=all five", ", five")
+            .replace(", report_to=all five", ", five")
+            .replace("own API, local server", "own API, server")
+            for r in rows
+        ]
+        colors = [
+            "tab:green"
+            if r["group"] == "rllog"
+            else {"direct": "tab:blue", "accelerate": "tab:orange", "trainer": "tab:red"}[r["group"]]
+            for r in rows
+        ]
         y = range(len(rows))
         ax.barh(list(y), [r["median_us"] for r in rows], color=colors)
         ax.scatter([r["p99_us"] for r in rows], list(y), marker="|", color="black", s=80, label="p99")
@@ -109,12 +128,35 @@ def chart(results: dict, path: Path) -> None:
     d = [r for r in d if "error" not in r["rllog"] and "error" not in r["direct"]]
     if d:
         x = range(len(d))
-        ax.bar([i - 0.2 for i in x], [r["rllog"]["drain_s"] for r in d], width=0.4, label="rllog: last log -> finish()", color="tab:green")
-        ax.bar([i + 0.2 for i in x], [r["direct"]["total_s"] for r in d], width=0.4, label="direct: log calls + own finish", color="tab:blue")
+        ax.bar(
+            [i - 0.2 for i in x],
+            [r["rllog"]["drain_s"] for r in d],
+            width=0.4,
+            label="rllog: last log -> finish()",
+            color="tab:green",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            [r["direct"]["total_s"] for r in d],
+            width=0.4,
+            label="direct: log calls + own finish",
+            color="tab:blue",
+        )
         for i, r in enumerate(d):
-            ax.text(i, max(r["rllog"]["drain_s"], r["direct"]["total_s"]) * 1.02, fmt_ratio(ratio(r["rllog"]["drain_s"], r["direct"]["total_s"])),
-                    ha="center", fontsize=8)
-        ax.set_xticks(list(x), [r["label"].replace(", health rules off", ",\nno health rules") for r in d], fontsize=8, rotation=30, ha="right")
+            ax.text(
+                i,
+                max(r["rllog"]["drain_s"], r["direct"]["total_s"]) * 1.02,
+                fmt_ratio(ratio(r["rllog"]["drain_s"], r["direct"]["total_s"])),
+                ha="center",
+                fontsize=8,
+            )
+        ax.set_xticks(
+            list(x),
+            [r["label"].replace(", health rules off", ",\nno health rules") for r in d],
+            fontsize=8,
+            rotation=30,
+            ha="right",
+        )
         ax.set_ylabel("seconds")
         ax.set_title(f"2. Drain: {results['drain']['steps']} steps logged back to back")
         ax.legend(fontsize=7)
@@ -123,20 +165,43 @@ def chart(results: dict, path: Path) -> None:
     e = end_to_end.summary(results["end_to_end"]) if "end_to_end" in results else {}
     if e:
         keys = [k for k in end_to_end.CONFIGS if k in e]
-        labels = [{"a": "(a)\nnone", "b": "(b)\ntransformers", "c": "(c)\nrllog", "c0": "(c)\ncold", "cp": "(c)\nparquet only", "d": "(d)\nthread"}[k]
-                  for k in keys]
-        bars = ax.bar(range(len(keys)), [e[k]["steady_s"] for k in keys],
-                      color=[{"a": "tab:gray", "b": "tab:red", "c": "tab:green", "c0": "tab:olive", "cp": "tab:cyan", "d": "tab:orange"}[k] for k in keys])
+        labels = [
+            {
+                "a": "(a)\nnone",
+                "b": "(b)\ntransformers",
+                "c": "(c)\nrllog",
+                "c0": "(c)\ncold",
+                "cp": "(c)\nparquet only",
+                "d": "(d)\nthread",
+            }[k]
+            for k in keys
+        ]
+        bars = ax.bar(
+            range(len(keys)),
+            [e[k]["steady_s"] for k in keys],
+            color=[
+                {"a": "tab:gray", "b": "tab:red", "c": "tab:green", "c0": "tab:olive", "cp": "tab:cyan", "d": "tab:orange"}[k]
+                for k in keys
+            ],
+        )
         ax.set_xticks(range(len(keys)), labels, fontsize=8)
         base = e.get("a", {}).get("steady_s")
-        for bar, k in zip(bars, keys):
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height() * 1.01, fmt_ratio(ratio(e[k]["steady_s"], base)), ha="center", fontsize=8)
+        for bar, k in zip(bars, keys, strict=False):
+            ax.text(
+                bar.get_x() + bar.get_width() / 2,
+                bar.get_height() * 1.01,
+                fmt_ratio(ratio(e[k]["steady_s"], base)),
+                ha="center",
+                fontsize=8,
+            )
         if base:
             ax.axhline(base * end_to_end.TARGET, color="green", linestyle="--", linewidth=1, label="target: 1.05x (a)")
             ax.legend(fontsize=7)
         ax.set_ylabel("seconds, steps 3 -> end")
-        ax.set_title(f"4-5. Tiny GRPO, {results['end_to_end']['steps']} steps: (a) none (b) transformers\n(c) rllog process (c, cold) (d) rllog thread",
-                     fontsize=10)
+        ax.set_title(
+            f"4-5. Tiny GRPO, {results['end_to_end']['steps']} steps: (a) none (b) transformers\n(c) rllog process (c, cold) (d) rllog thread",
+            fontsize=10,
+        )
 
     ax = axes[1][0]
     m = results.get("scaling", {}).get("metrics", [])
@@ -157,8 +222,20 @@ def chart(results: dict, path: Path) -> None:
     t = scaling.table_ratios(results["scaling"]) if "scaling" in results else []
     if t:
         x = range(len(t))
-        ax.bar([i - 0.2 for i in x], [r["sink_vs_raw"] for r in t], width=0.4, color="tab:green", label="rllog ParquetSink / raw pyarrow")
-        ax.bar([i + 0.2 for i in x], [r["full_vs_raw"] for r in t], width=0.4, color="tab:olive", label="whole rllog path / raw pyarrow")
+        ax.bar(
+            [i - 0.2 for i in x],
+            [r["sink_vs_raw"] for r in t],
+            width=0.4,
+            color="tab:green",
+            label="rllog ParquetSink / raw pyarrow",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            [r["full_vs_raw"] for r in t],
+            width=0.4,
+            color="tab:olive",
+            label="whole rllog path / raw pyarrow",
+        )
         ax.axhline(scaling.TABLE_TARGET, color="green", linestyle="--", linewidth=1, label="target 0.8x")
         ax.set_xticks(list(x), [f"{r['rows']:,} rows" for r in t])
         ax.set_ylim(0, max(1.3, max(v for r in t for v in (r["sink_vs_raw"], r["full_vs_raw"]) if v == v) * 1.1))
@@ -170,8 +247,20 @@ def chart(results: dict, path: Path) -> None:
     ranks = [r for r in results.get("scaling", {}).get("ranks", []) if "error" not in r]
     if ranks:
         x = range(len(ranks))
-        ax.bar([i - 0.2 for i in x], [r["log"]["median_us"] for r in ranks], width=0.4, color="tab:green", label="rllog log() (reduces across ranks)")
-        ax.bar([i + 0.2 for i in x], [r["bare_all_reduce"]["median_us"] for r in ranks], width=0.4, color="tab:blue", label="one bare all_reduce")
+        ax.bar(
+            [i - 0.2 for i in x],
+            [r["log"]["median_us"] for r in ranks],
+            width=0.4,
+            color="tab:green",
+            label="rllog log() (reduces across ranks)",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            [r["bare_all_reduce"]["median_us"] for r in ranks],
+            width=0.4,
+            color="tab:blue",
+            label="one bare all_reduce",
+        )
         ax.set_xticks(list(x), [f"{r['world']} rank(s)" for r in ranks])
         ax.set_yscale("log")
         ax.set_ylabel("us per call (median), rank 0, log scale")
@@ -198,13 +287,18 @@ def explain_end_to_end(results: dict, integration: dict | None = None) -> list[s
     lines.append(
         f"In (c) the training thread itself used {fmt(c['cpu_main_s'], 2)} CPU s in the window against {fmt(a['cpu_main_s'], 2)} s in (a) "
         f"({fmt(main_extra * 1e3 / steps, 1)} ms per step more"
-        + (f"; of which rllog's own code, profiled, is {integration['rllog_ms_per_step']:.2f} ms: the rest is the same training work running "
-           "slower while the other core is busy" if integration and "rllog_ms_per_step" in integration else "")
+        + (
+            f"; of which rllog's own code, profiled, is {integration['rllog_ms_per_step']:.2f} ms: the rest is the same training work running "
+            "slower while the other core is busy"
+            if integration and "rllog_ms_per_step" in integration
+            else ""
+        )
         + "), while the wall time grew by "
         f"{fmt(wall_extra, 2)} s ({fmt(wall_extra * 1e3 / steps, 1)} ms per step). The delivery agent used {fmt(c.get('cpu_agent_s'), 2)} CPU s "
         f"({fmt((c.get('cpu_agent_s') or math.nan) * 1e3 / steps, 1)} ms per step) delivering to six trackers. On two cores, with the "
         "trackers' own helper processes (wandb-core) and whatever else the machine runs, that CPU is taken from the trainer: the gap "
-        "between the training thread's CPU and its wall time is time spent waiting for a core.")
+        "between the training thread's CPU and its wall time is time spent waiting for a core."
+    )
     return lines
 
 
@@ -218,54 +312,84 @@ def findings(results: dict) -> list[str]:
         zero = hot_path.find(hp, "rllog, 0 sinks (")
         five = hot_path.find(hp, "all five, own APIs")
         if six and b2b and zero:
-            out.append(f"Hot path: {six['median_us']:.0f} us median with six sinks ({zero['median_us']:.0f} us with none): "
-                       f"{six['median_us'] / hot_path.TARGET_US:.1f}x the 25 us target. Called back to back in a hot loop the same call takes "
-                       f"{b2b['median_us']:.0f} us; between two steps of work (caches cold, as in training) it is the number above. "
-                       + (f"Either way it is {five['median_us'] / six['median_us']:,.0f}x less than the five trackers' own calls ({five['median_us'] / 1e3:.1f} ms)."
-                          if five else ""))
+            out.append(
+                f"Hot path: {six['median_us']:.0f} us median with six sinks ({zero['median_us']:.0f} us with none): "
+                f"{six['median_us'] / hot_path.TARGET_US:.1f}x the 25 us target. Called back to back in a hot loop the same call takes "
+                f"{b2b['median_us']:.0f} us; between two steps of work (caches cold, as in training) it is the number above. "
+                + (
+                    f"Either way it is {five['median_us'] / six['median_us']:,.0f}x less than the five trackers' own calls ({five['median_us'] / 1e3:.1f} ms)."
+                    if five
+                    else ""
+                )
+            )
         flat = next((t for t in hot_path.targets(hp) if "flat" in t["what"]), None)
         if flat and not flat["met"]:
-            out.append(f"Not flat in the number of sinks ({flat['measured']}): `log` runs the same code whatever the sinks (the profile "
-                       "below), so the difference is the delivery agent's CPU, which grows with the sinks, on the other of the two cores "
-                       "(with the trackers' helper processes): the calls slow down as the machine gets busier.")
+            out.append(
+                f"Not flat in the number of sinks ({flat['measured']}): `log` runs the same code whatever the sinks (the profile "
+                "below), so the difference is the delivery agent's CPU, which grows with the sinks, on the other of the two cores "
+                "(with the trackers' helper processes): the calls slow down as the machine gets busier."
+            )
         rl = hot_path.find(hp, "Trainer.log + RLLogCallback")
         if rl and rl.get("parts", {}).get("rllog"):
-            out.append(f"Through the HF Trainer, `RLLogCallback.on_log` costs {rl['parts']['rllog']['median_us']:.0f} us per `Trainer.log` "
-                       "(it renames the keys and makes one `run.log`, which validates them).")
+            out.append(
+                f"Through the HF Trainer, `RLLogCallback.on_log` costs {rl['parts']['rllog']['median_us']:.0f} us per `Trainer.log` "
+                "(it renames the keys and makes one `run.log`, which validates them)."
+            )
     sy = results.get("syncs", {}).get("loop")
     if sy:
         item = next((r for r in sy if r["way"] == "item" and "error" not in r), None)
         tens = next((r for r in sy if r["way"] == "tensors" and "error" not in r), None)
         if item and tens:
-            out.append(f"Tensor metrics: `run.log` of 30 one-element tensors costs {tens['call']['median_us']:.0f} us per call on CPU against "
-                       f"{item['call']['median_us']:.0f} us for 30 `.item()` calls plus `run.log` of the floats: rllog saves the 30 device syncs "
-                       "(one `tolist` per journal flush instead); on the caller's thread it checks each tensor's size and stacks them "
-                       "in one `torch.stack` (`values.stack_scalars`), which on CPU costs more than reading 30 floats.")
+            out.append(
+                f"Tensor metrics: `run.log` of 30 one-element tensors costs {tens['call']['median_us']:.0f} us per call on CPU against "
+                f"{item['call']['median_us']:.0f} us for 30 `.item()` calls plus `run.log` of the floats: rllog saves the 30 device syncs "
+                "(one `tolist` per journal flush instead); on the caller's thread it checks each tensor's size and stacks them "
+                "in one `torch.stack` (`values.stack_scalars`), which on CPU costs more than reading 30 floats."
+            )
     e2e = end_to_end.summary(results["end_to_end"]) if "end_to_end" in results else {}
     if e2e.get("a") and e2e.get("c"):
         a, c, cp = e2e["a"], e2e["c"], e2e.get("cp")
-        rc = median(end_to_end.round_ratios(results["end_to_end"], "c")) if end_to_end.round_ratios(results["end_to_end"], "c") else ratio(c["steady_s"], a["steady_s"])
-        line = f"End to end: the mixin with six trackers makes the tiny GRPO run {rc:.2f}x slower than `report_to=\"none\"`"
+        rc = (
+            median(end_to_end.round_ratios(results["end_to_end"], "c"))
+            if end_to_end.round_ratios(results["end_to_end"], "c")
+            else ratio(c["steady_s"], a["steady_s"])
+        )
+        line = f'End to end: the mixin with six trackers makes the tiny GRPO run {rc:.2f}x slower than `report_to="none"`'
         agent_ms = fmt((c.get("cpu_agent_s") or math.nan) * 1e3 / (results["end_to_end"]["steps"] - 2), 0)
         if cp:
             rp_rounds = end_to_end.round_ratios(results["end_to_end"], "cp")
             rp = median(rp_rounds) if rp_rounds else ratio(cp["steady_s"], a["steady_s"])
             line += f"; the same mixin with only its Parquet default, {rp:.2f}x"
             if rp <= end_to_end.TARGET < rc:
-                line += (". The integration itself is within the target; the rest is the agent's CPU for six trackers "
-                         f"({agent_ms} ms per step) competing with the trainer on two cores")
+                line += (
+                    ". The integration itself is within the target; the rest is the agent's CPU for six trackers "
+                    f"({agent_ms} ms per step) competing with the trainer on two cores"
+                )
             else:
-                line += (f". Both the integration's own work on the training thread and the agent's CPU for six trackers ({agent_ms} ms per step, "
-                         "competing with the trainer on two cores) count")
+                line += (
+                    f". Both the integration's own work on the training thread and the agent's CPU for six trackers ({agent_ms} ms per step, "
+                    "competing with the trainer on two cores) count"
+                )
         out.append(line + ". Transformers' (b) does the same tracker work on the training thread itself.")
-    drain_missed = [r for r in results.get("drain", {}).get("rows", []) if not r.get("options") and "error" not in r["rllog"] and "error" not in r["direct"]
-                    and ratio(r["rllog"]["drain_s"], r["direct"]["total_s"]) > drain.TARGET]
+    drain_missed = [
+        r
+        for r in results.get("drain", {}).get("rows", [])
+        if not r.get("options")
+        and "error" not in r["rllog"]
+        and "error" not in r["direct"]
+        and ratio(r["rllog"]["drain_s"], r["direct"]["total_s"]) > drain.TARGET
+    ]
     if drain_missed:
-        out.append("Drain misses (" + ", ".join(f"{r['label']}: {r['rllog']['drain_s']:.2f} s against {r['direct']['total_s']:.2f} s" for r in drain_missed)
-                   + ") are trackers whose own time for the whole burst is a few tenths of a second: rllog's fixed part of a drain (the "
-                   "journal's last write at `finish`, the agent's next poll and read, closing and the agent's exit) is of the same size, "
-                   "as the parquet row shows. The delivery profiles below show the rest of the time inside the trackers' own calls "
-                   "(wandb `run.log` -> `publish_partial_history`; trackio `bulk_log` -> `init_db`).")
+        out.append(
+            "Drain misses ("
+            + ", ".join(
+                f"{r['label']}: {r['rllog']['drain_s']:.2f} s against {r['direct']['total_s']:.2f} s" for r in drain_missed
+            )
+            + ") are trackers whose own time for the whole burst is a few tenths of a second: rllog's fixed part of a drain (the "
+            "journal's last write at `finish`, the agent's next poll and read, closing and the agent's exit) is of the same size, "
+            "as the parquet row shows. The delivery profiles below show the rest of the time inside the trackers' own calls "
+            "(wandb `run.log` -> `publish_partial_history`; trackio `bulk_log` -> `init_db`)."
+        )
     health = results.get("profiles", {}).get("health", {})
     drain_rows = results.get("drain", {}).get("rows", [])
     with_rules = next((r for r in drain_rows if r["label"] == "parquet" and "error" not in r["rllog"]), None)
@@ -273,25 +397,33 @@ def findings(results: dict) -> list[str]:
     if health.get("ms_per_step") or (with_rules and without):
         line = "Health rules: "
         if health.get("ms_per_step"):
-            line += (f"`HealthMonitor.observe` costs {health['ms_per_step']:.2f} ms per logged step of 30 metrics (which rules watch a key "
-                     "is matched once per key and cached). It runs on the journal writer thread, in the trainer process, holding the GIL, "
-                     "and the end marker is written only after it. ")
+            line += (
+                f"`HealthMonitor.observe` costs {health['ms_per_step']:.2f} ms per logged step of 30 metrics (which rules watch a key "
+                "is matched once per key and cached). It runs on the journal writer thread, in the trainer process, holding the GIL, "
+                "and the end marker is written only after it. "
+            )
         if with_rules and without:
-            line += (f"The parquet drain of {results['drain']['steps']} steps takes {with_rules['rllog']['drain_s']:.2f} s with the rules and "
-                     f"{without['rllog']['drain_s']:.2f} s without.")
+            line += (
+                f"The parquet drain of {results['drain']['steps']} steps takes {with_rules['rllog']['drain_s']:.2f} s with the rules and "
+                f"{without['rllog']['drain_s']:.2f} s without."
+            )
         out.append(line)
     prof = results.get("profiles", {}).get("delivery", {}).get("sinks")
     if prof:
         costs = sorted(((v["cpu_ms_per_step"], k) for k, v in prof.items()), reverse=True)
-        line = "Delivery cost per GRPO step and sink (CPU ms, profile below): " + ", ".join(f"{k} {v:.0f}" for v, k in costs) + "."
+        line = (
+            "Delivery cost per GRPO step and sink (CPU ms, profile below): " + ", ".join(f"{k} {v:.0f}" for v, k in costs) + "."
+        )
         calls = next(iter(prof.values())).get("calls_per_step")
         if calls:
-            line += (f" Reading 16 records (8 steps) at a time, a sink got {calls['write_metrics']:.2f} `write_metrics`, "
-                     f"{calls['write_table']:.2f} `write_table` and {calls['cursor saves']:.2f} cursor-file saves per step: "
-                     "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables, so a tracker's per-call "
-                     "cost for metrics (an MLflow `log_batch` is a SQLite transaction; trackio's `SQLiteStorage.bulk_log` opens a "
-                     "connection and runs `init_db` per call) is paid per batch, not per step. The cursor is saved after every call, "
-                     "so a killed agent repeats at most the call in flight.")
+            line += (
+                f" Reading 16 records (8 steps) at a time, a sink got {calls['write_metrics']:.2f} `write_metrics`, "
+                f"{calls['write_table']:.2f} `write_table` and {calls['cursor saves']:.2f} cursor-file saves per step: "
+                "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables, so a tracker's per-call "
+                "cost for metrics (an MLflow `log_batch` is a SQLite transaction; trackio's `SQLiteStorage.bulk_log` opens a "
+                "connection and runs `init_db` per call) is paid per batch, not per step. The cursor is saved after every call, "
+                "so a killed agent repeats at most the call in flight."
+            )
         out.append(line)
     if "scaling" in results:
         t = scaling.table_ratios(results["scaling"])
@@ -302,19 +434,29 @@ def findings(results: dict) -> list[str]:
                 c = cmp.get(r["rows"])
                 if c:
                     close_share = c["close_s"] / (c["count"] + 1) / c["sink_per_table_s"]
-                    parts.append(f"{r['rows']:,} rows: {fmt_ratio(r['sink_vs_raw'])} of raw pyarrow's throughput, "
-                                 f"{fmt_ratio(c['raw']['median_us'] / c['sink']['median_us'])} without the compaction at close "
-                                 f"(which is {close_share:.0%} of the writer's time)")
-            out.append("Parquet tables: " + "; ".join(parts) + ". `ParquetSink.close` reads every part file back and writes them all "
-                       "again as one file, when a directory holds more than 16 parts (a long run: many small files would slow every reader); "
-                       "the per-table path adds `to_arrow_table` validation and the `_step`/`_seq` columns (profile below).")
+                    parts.append(
+                        f"{r['rows']:,} rows: {fmt_ratio(r['sink_vs_raw'])} of raw pyarrow's throughput, "
+                        f"{fmt_ratio(c['raw']['median_us'] / c['sink']['median_us'])} without the compaction at close "
+                        f"(which is {close_share:.0%} of the writer's time)"
+                    )
+            out.append(
+                "Parquet tables: " + "; ".join(parts) + ". `ParquetSink.close` reads every part file back and writes them all "
+                "again as one file, when a directory holds more than 16 parts (a long run: many small files would slow every reader); "
+                "the per-table path adds `to_arrow_table` validation and the `_step`/`_seq` columns (profile below)."
+            )
         ranks = [r for r in results["scaling"].get("ranks", []) if "error" not in r and r["world"] > 1]
         if ranks:
-            out.append("Ranks: " + "; ".join(f"{r['world']} ranks: `log` {r['log']['median_us'] / 1e3:.1f} ms against {r['bare_all_reduce']['median_us'] / 1e3:.1f} ms "
-                                               "for one all_reduce" for r in ranks)
-                       + ". `distributed.reduce_metrics` issues two `all_reduce`s per call (sum and count; max, negated min and a new-key "
-                       "flag) and exchanges key lists only when a rank logs a new key; on this oversubscribed 2-core machine each "
-                       "collective waits for every rank's process to be scheduled.")
+            out.append(
+                "Ranks: "
+                + "; ".join(
+                    f"{r['world']} ranks: `log` {r['log']['median_us'] / 1e3:.1f} ms against {r['bare_all_reduce']['median_us'] / 1e3:.1f} ms "
+                    "for one all_reduce"
+                    for r in ranks
+                )
+                + ". `distributed.reduce_metrics` issues two `all_reduce`s per call (sum and count; max, negated min and a new-key "
+                "flag) and exchanges key lists only when a rank logs a new key; on this oversubscribed 2-core machine each "
+                "collective waits for every rank's process to be scheduled."
+            )
     return out
 
 
@@ -337,43 +479,88 @@ def page(results: dict, meta: dict) -> str:
         "",
         "## Machine",
         "",
-        md_table(["", ""], [
-            ["CPUs (nproc)", str(meta["machine"]["nproc"])], ["CPU", meta["machine"]["cpu"]], ["RAM", meta["machine"]["ram"]],
-            ["OS", meta["machine"]["os"]], ["Python", meta["machine"]["python"]],
-            ["load average at start (1/5/15 min)", " / ".join(f"{x:.2f}" for x in meta["machine"]["loadavg"])],
-            ["load average at end", " / ".join(f"{x:.2f}" for x in meta["load_end"])],
-        ]),
+        md_table(
+            ["", ""],
+            [
+                ["CPUs (nproc)", str(meta["machine"]["nproc"])],
+                ["CPU", meta["machine"]["cpu"]],
+                ["RAM", meta["machine"]["ram"]],
+                ["OS", meta["machine"]["os"]],
+                ["Python", meta["machine"]["python"]],
+                ["load average at start (1/5/15 min)", " / ".join(f"{x:.2f}" for x in meta["machine"]["loadavg"])],
+                ["load average at end", " / ".join(f"{x:.2f}" for x in meta["load_end"])],
+            ],
+        ),
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
         "",
         "## Targets",
         "",
-        md_table(["section", "target", "wanted", "measured", "result"],
-                 [[t["section"].replace("_", " "), t["what"], t["target"], t["measured"] + (f"; {t['by']}" if t.get("by") else ""), verdict(t["met"])]
-                  for t in targets]),
+        md_table(
+            ["section", "target", "wanted", "measured", "result"],
+            [
+                [
+                    t["section"].replace("_", " "),
+                    t["what"],
+                    t["target"],
+                    t["measured"] + (f"; {t['by']}" if t.get("by") else ""),
+                    verdict(t["met"]),
+                ]
+                for t in targets
+            ],
+        ),
         "",
     ]
     missed = [t for t in targets if not t["met"]]
     if missed:
-        out += ["**Missed:** " + "; ".join(f"{t['what']} ({t['measured']}, wanted {t['target']})" for t in missed)
-                + ". The profiles in [Where the time goes](#where-the-time-goes) show why.", ""]
+        out += [
+            "**Missed:** "
+            + "; ".join(f"{t['what']} ({t['measured']}, wanted {t['target']})" for t in missed)
+            + ". The profiles in [Where the time goes](#where-the-time-goes) show why.",
+            "",
+        ]
     notes = findings(results)
     if notes:
         out += ["## Findings", ""] + [f"- {n}" for n in notes] + [""]
     if "hot_path" in results:
-        out += ["## 1. Hot path", "", hot_path.__doc__.strip().split("\n\n")[1].replace("\n", " "), "", hot_path.render(results["hot_path"]), ""]
+        out += [
+            "## 1. Hot path",
+            "",
+            hot_path.__doc__.strip().split("\n\n")[1].replace("\n", " "),
+            "",
+            hot_path.render(results["hot_path"]),
+            "",
+        ]
     if "drain" in results:
         out += ["## 2. Drain", "", drain.render(results["drain"]), ""]
     if "scaling" in results:
         out += ["## 3. Scaling", "", scaling.render(results["scaling"]), ""]
     if "end_to_end" in results:
-        out += ["## 4. End to end, and 5. delivery in a process against a thread", "", end_to_end.render(results["end_to_end"]), ""]
-        out += explain_end_to_end(results["end_to_end"], results.get("profiles", {}).get("integration")) + [""]
+        out += [
+            "## 4. End to end, and 5. delivery in a process against a thread",
+            "",
+            end_to_end.render(results["end_to_end"]),
+            "",
+        ]
+        out += [*explain_end_to_end(results["end_to_end"], results.get("profiles", {}).get("integration")), ""]
     if "syncs" in results:
-        out += ["## 6. Device syncs per logged step", "", syncs.__doc__.strip().split("\n\n")[0].replace("\n", " "), "", syncs.render(results["syncs"]), ""]
+        out += [
+            "## 6. Device syncs per logged step",
+            "",
+            syncs.__doc__.strip().split("\n\n")[0].replace("\n", " "),
+            "",
+            syncs.render(results["syncs"]),
+            "",
+        ]
     if results.get("profiles"):
-        out += ["## Where the time goes", "", "cProfile excerpts for the missed targets (each profiled in its own process; paths shortened).", "",
-                profiles.render(results["profiles"]), ""]
+        out += [
+            "## Where the time goes",
+            "",
+            "cProfile excerpts for the missed targets (each profiled in its own process; paths shortened).",
+            "",
+            profiles.render(results["profiles"]),
+            "",
+        ]
     return "\n".join(out)
 
 
@@ -393,8 +580,13 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {list(SECTIONS)}")
     started = time.perf_counter()
-    meta = {"quick": args.quick, "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": harness.machine(),
-            "versions": harness.versions(), "commit": git_commit()}
+    meta = {
+        "quick": args.quick,
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "machine": harness.machine(),
+        "versions": harness.versions(),
+        "commit": git_commit(),
+    }
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
         tmp = Path(tmp)
@@ -427,7 +619,10 @@ def write(results: dict, meta: dict, no_docs: bool) -> int:
         except Exception as exc:  # the tables matter more than the picture
             print(f"chart failed: {exc!r}", file=sys.stderr)
     print(text)
-    progress(f"done in {meta['wall_s'] / 60:.1f} min" + ("" if no_docs else f"; wrote {DOCS / 'benchmarks.md'} and {DOCS / 'benchmarks.png'}"))
+    progress(
+        f"done in {meta['wall_s'] / 60:.1f} min"
+        + ("" if no_docs else f"; wrote {DOCS / 'benchmarks.md'} and {DOCS / 'benchmarks.png'}")
+    )
     return 0
 
 

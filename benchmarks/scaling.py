@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import math
-import os
 import random
 import sys
 import time
@@ -36,7 +35,10 @@ def completions(rows: int, step: int) -> dict[str, list]:
     """A completions table as TRL's GRPO has it: prompt, completion, a column per reward function, advantage."""
     rng = random.Random(step)
     words = "the answer is twelve because seven plus five equals twelve and so on".split()
-    prompts = [f"<|im_start|>user\nWhat is {rng.randint(1, 99)} plus {rng.randint(1, 99)}?<|im_end|>\n<|im_start|>assistant\n" for _ in range(rows)]
+    prompts = [
+        f"<|im_start|>user\nWhat is {rng.randint(1, 99)} plus {rng.randint(1, 99)}?<|im_end|>\n<|im_start|>assistant\n"
+        for _ in range(rows)
+    ]
     texts = [" ".join(rng.choices(words, k=rng.randint(8, 40))) for _ in range(rows)]
     return {
         "prompt": prompts,
@@ -80,7 +82,7 @@ def case_tables_compare(params: dict, workdir: Path) -> dict:
 
     raw(count)  # warm-up (first-call costs and imports), untimed; the sink's warm-up table is part of its file
     mine(count)
-    import pyarrow.dataset  # noqa: F401  (imported by the compaction's reads: a one-time cost, not the sink's)
+    import pyarrow.dataset
 
     pq.read_table(raw_dir / f"completions_{count:05d}.parquet")
     raw_ns, sink_ns = [], []
@@ -95,8 +97,14 @@ def case_tables_compare(params: dict, workdir: Path) -> dict:
     close_s = time.perf_counter() - t
     raw_s = summarize_ns(raw_ns)["median_us"] / 1e6
     sink_s = summarize_ns(sink_ns)["median_us"] / 1e6 + close_s / (count + 1)
-    return {"raw": summarize_ns(raw_ns), "sink": summarize_ns(sink_ns), "close_s": close_s, "raw_per_table_s": raw_s,
-            "sink_per_table_s": sink_s, "ratio": raw_s / sink_s}
+    return {
+        "raw": summarize_ns(raw_ns),
+        "sink": summarize_ns(sink_ns),
+        "close_s": close_s,
+        "raw_per_table_s": raw_s,
+        "sink_per_table_s": sink_s,
+        "ratio": raw_s / sink_s,
+    }
 
 
 def case_tables_rllog(params: dict, workdir: Path) -> dict:
@@ -117,8 +125,13 @@ def case_tables_rllog(params: dict, workdir: Path) -> dict:
     report = run.finish(timeout=600)
     end = time.perf_counter()
     rows = rllog.read_table(run.run_dir, "completions").num_rows
-    return {"total_s": end - t0, "drain_s": end - t_last, "per_call": summarize_ns(samples),
-            "delivered": report.ok, "rows_read_back": rows}
+    return {
+        "total_s": end - t0,
+        "drain_s": end - t_last,
+        "per_call": summarize_ns(samples),
+        "delivered": report.ok,
+        "rows_read_back": rows,
+    }
 
 
 # --- ranks ---------------------------------------------------------------------------------------------
@@ -186,8 +199,14 @@ def run(quick: bool, tmp: Path) -> dict:
             progress(f"scaling: {n} metrics per step, {label}")
             # Only the calls are measured here: finish waits at most 30 s (the six trackers need minutes for 1,000-metric
             # steps; what was not delivered then stays in the journal). A 600 ms tracker call needs no 100 samples.
-            extra = {"n_metrics": n, "calls": calls, "max_seconds": 5.0 if quick else 10.0, "warmup": 20, "finish_timeout": 30.0,
-                     "min_calls": 30 if n >= 1000 else 100}
+            extra = {
+                "n_metrics": n,
+                "calls": calls,
+                "max_seconds": 5.0 if quick else 10.0,
+                "warmup": 20,
+                "finish_timeout": 30.0,
+                "min_calls": 30 if n >= 1000 else 100,
+            }
             r = run_case(SCRIPT, case, params | extra, tmp)
             results["metrics"].append({"n_metrics": n, "label": label, **r})
     # tables
@@ -211,7 +230,9 @@ def run(quick: bool, tmp: Path) -> dict:
     calls = 300 if quick else 1000
     for label, sinks in [("parquet", ["parquet"]), ("parquet + down", ["parquet", "down"])]:
         progress(f"scaling: {label}")
-        r = run_case(SCRIPT, "rllog", {"sinks": sinks, "wait_for": ["parquet"], "calls": calls, "finish_timeout": 10.0}, tmp, plugins=True)
+        r = run_case(
+            SCRIPT, "rllog", {"sinks": sinks, "wait_for": ["parquet"], "calls": calls, "finish_timeout": 10.0}, tmp, plugins=True
+        )
         results["down"].append({"label": label, **r})
     return results
 
@@ -219,10 +240,23 @@ def run(quick: bool, tmp: Path) -> dict:
 def _metric_rows(results: dict) -> list[list]:
     rows = []
     for n in sorted({r["n_metrics"] for r in results["metrics"]}):
-        mine = next((r for r in results["metrics"] if r["n_metrics"] == n and r["label"].startswith("rllog") and "error" not in r), None)
-        theirs = next((r for r in results["metrics"] if r["n_metrics"] == n and r["label"].startswith("five") and "error" not in r), None)
-        rows.append([f"{n:,}", mine and mine["median_us"], mine and mine["p99_us"], mine and mine["median_us"] / n,
-                     theirs and theirs["median_us"], theirs and theirs["p99_us"], fmt_ratio(ratio(theirs and theirs["median_us"], mine and mine["median_us"]))])
+        mine = next(
+            (r for r in results["metrics"] if r["n_metrics"] == n and r["label"].startswith("rllog") and "error" not in r), None
+        )
+        theirs = next(
+            (r for r in results["metrics"] if r["n_metrics"] == n and r["label"].startswith("five") and "error" not in r), None
+        )
+        rows.append(
+            [
+                f"{n:,}",
+                mine and mine["median_us"],
+                mine and mine["p99_us"],
+                mine and mine["median_us"] / n,
+                theirs and theirs["median_us"],
+                theirs and theirs["p99_us"],
+                fmt_ratio(ratio(theirs and theirs["median_us"], mine and mine["median_us"])),
+            ]
+        )
     return rows
 
 
@@ -233,12 +267,20 @@ def table_ratios(results: dict) -> list[dict]:
         cmp, full = get.get("tables_compare"), get.get("tables_rllog")
         count = (cmp or full or {}).get("count", 0)
         raw_s = cmp and cmp["raw_per_table_s"]
-        out.append({
-            "rows": rows, "count": count, "raw_ms": raw_s and raw_s * 1e3, "sink_ms": cmp and cmp["sink_per_table_s"] * 1e3,
-            "close_ms": cmp and cmp["close_s"] * 1e3, "sink_vs_raw": cmp["ratio"] if cmp else math.nan,
-            "full_ms": full and full["total_s"] * 1e3 / count, "full_vs_raw": ratio(raw_s, full and full["total_s"] / count),
-            "log_table_us": full and full["per_call"]["median_us"], "read_back": full and full.get("rows_read_back"),
-        })
+        out.append(
+            {
+                "rows": rows,
+                "count": count,
+                "raw_ms": raw_s and raw_s * 1e3,
+                "sink_ms": cmp and cmp["sink_per_table_s"] * 1e3,
+                "close_ms": cmp and cmp["close_s"] * 1e3,
+                "sink_vs_raw": cmp["ratio"] if cmp else math.nan,
+                "full_ms": full and full["total_s"] * 1e3 / count,
+                "full_vs_raw": ratio(raw_s, full and full["total_s"] / count),
+                "log_table_us": full and full["per_call"]["median_us"],
+                "read_back": full and full.get("rows_read_back"),
+            }
+        )
     return out
 
 
@@ -246,43 +288,115 @@ def targets(results: dict) -> list[dict]:
     out = []
     for t in table_ratios(results):
         r = t["sink_vs_raw"]
-        out.append({"what": f"table of {t['rows']:,} rows: Parquet writer throughput / raw pyarrow", "target": f">= {TABLE_TARGET}x",
-                    "measured": fmt_ratio(r), "met": r >= TABLE_TARGET if r == r else False})
+        out.append(
+            {
+                "what": f"table of {t['rows']:,} rows: Parquet writer throughput / raw pyarrow",
+                "target": f">= {TABLE_TARGET}x",
+                "measured": fmt_ratio(r),
+                "met": r >= TABLE_TARGET if r == r else False,
+            }
+        )
     return out
 
 
 def render(results: dict) -> str:
-    out = [f"**Metrics per step** (median/p99 us per call; {results.get('metrics_sinks', 'rllog')}; the five trackers' own APIs one after the other):", "",
-           md_table(["metrics per call", "rllog median", "rllog p99", "rllog us per metric", "five own APIs median", "five own APIs p99",
-                     "own APIs / rllog"], _metric_rows(results))]
+    out = [
+        f"**Metrics per step** (median/p99 us per call; {results.get('metrics_sinks', 'rllog')}; the five trackers' own APIs one after the other):",
+        "",
+        md_table(
+            [
+                "metrics per call",
+                "rllog median",
+                "rllog p99",
+                "rllog us per metric",
+                "five own APIs median",
+                "five own APIs p99",
+                "own APIs / rllog",
+            ],
+            _metric_rows(results),
+        ),
+    ]
     rows = []
     for t in table_ratios(results):
-        rows.append([f"{t['rows']:,} x {t['count']}", t["raw_ms"], t["sink_ms"], t["close_ms"], fmt_ratio(t["sink_vs_raw"]), t["full_ms"],
-                     fmt_ratio(t["full_vs_raw"]), t["log_table_us"], t["read_back"]])
-    out += ["", "**Completions tables** (ms per table; raw and rllog's writer interleaved in one process, medians; the whole rllog path "
-            "in its own process; throughput ratio = raw time / rllog time, higher is better):", "",
-            md_table(["rows x tables", "raw pyarrow", "rllog ParquetSink (incl. its share of close)", "close (compaction), all tables",
-                      "ParquetSink / raw", "whole rllog path (log_table -> finish), per table", "whole path / raw",
-                      "log_table call median us", "rows read back"], rows)]
+        rows.append(
+            [
+                f"{t['rows']:,} x {t['count']}",
+                t["raw_ms"],
+                t["sink_ms"],
+                t["close_ms"],
+                fmt_ratio(t["sink_vs_raw"]),
+                t["full_ms"],
+                fmt_ratio(t["full_vs_raw"]),
+                t["log_table_us"],
+                t["read_back"],
+            ]
+        )
+    out += [
+        "",
+        "**Completions tables** (ms per table; raw and rllog's writer interleaved in one process, medians; the whole rllog path "
+        "in its own process; throughput ratio = raw time / rllog time, higher is better):",
+        "",
+        md_table(
+            [
+                "rows x tables",
+                "raw pyarrow",
+                "rllog ParquetSink (incl. its share of close)",
+                "close (compaction), all tables",
+                "ParquetSink / raw",
+                "whole rllog path (log_table -> finish), per table",
+                "whole path / raw",
+                "log_table call median us",
+                "rows read back",
+            ],
+            rows,
+        ),
+    ]
     rows = []
     for r in results["ranks"]:
         if "error" in r:
             rows.append([r["world"], "failed", "", "", "", ""])
             continue
-        rows.append([r["world"], r["log"]["median_us"], r["log"]["p99_us"], r["bare_all_reduce"]["median_us"], r["bare_all_reduce"]["p99_us"],
-                     fmt_ratio(ratio(r["log"]["median_us"], r["bare_all_reduce"]["median_us"])) if r["world"] > 1 else "no reduction"])
-    out += ["", "**Ranks** (torchrun, gloo, on this 2-core machine: 4 ranks oversubscribe it; us per call on rank 0, ranks aligned by a barrier before each call):", "",
-            md_table(["ranks", "rllog log() median", "rllog log() p99", "one bare all_reduce median", "bare all_reduce p99", "log / bare"], rows)]
+        rows.append(
+            [
+                r["world"],
+                r["log"]["median_us"],
+                r["log"]["p99_us"],
+                r["bare_all_reduce"]["median_us"],
+                r["bare_all_reduce"]["p99_us"],
+                fmt_ratio(ratio(r["log"]["median_us"], r["bare_all_reduce"]["median_us"])) if r["world"] > 1 else "no reduction",
+            ]
+        )
+    out += [
+        "",
+        "**Ranks** (torchrun, gloo, on this 2-core machine: 4 ranks oversubscribe it; us per call on rank 0, ranks aligned by a barrier before each call):",
+        "",
+        md_table(
+            ["ranks", "rllog log() median", "rllog log() p99", "one bare all_reduce median", "bare all_reduce p99", "log / bare"],
+            rows,
+        ),
+    ]
     rows = []
     for r in results["down"]:
         if "error" in r:
             rows.append([r["label"], "failed", "", "", "", ""])
             continue
-        states = "; ".join(f"{k}: {v['state']} ({v['delivered']:,} delivered, {v['pending']:,} pending)" for k, v in r.get("sinks", {}).items())
+        states = "; ".join(
+            f"{k}: {v['state']} ({v['delivered']:,} delivered, {v['pending']:,} pending)" for k, v in r.get("sinks", {}).items()
+        )
         rows.append([r["label"], r["median_us"], r["p99_us"], r["n"], r["finish_s"], states])
-    out += ["", "**A sink down for the whole run** (`down`: every write raises `TransientError`; `finish(timeout=10)`):", "",
-            md_table(["report_to", "log median us", "log p99 us", "calls", "finish s", "delivery at finish"], rows)]
-    out += ["", md_table(["target", "wanted", "measured", "result"], [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in targets(results)])]
+    out += [
+        "",
+        "**A sink down for the whole run** (`down`: every write raises `TransientError`; `finish(timeout=10)`):",
+        "",
+        md_table(["report_to", "log median us", "log p99 us", "calls", "finish s", "delivery at finish"], rows),
+    ]
+    out += [
+        "",
+        md_table(
+            ["target", "wanted", "measured", "result"],
+            [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in targets(results)],
+        ),
+    ]
     return "\n".join(out)
 
 

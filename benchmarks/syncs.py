@@ -75,8 +75,9 @@ def run(quick: bool, tmp: Path, end_to_end_runs: list[dict] | None = None) -> di
     for key in ["a", "c"]:
         label, params = end_to_end.CONFIGS[key]
         progress(f"syncs: GRPO {label}, {grpo_steps} steps")
-        results["grpo"].append({"key": key, "label": label,
-                                **run_case(SCRIPT, "grpo", params | {"steps": grpo_steps, "count_syncs": True}, tmp)})
+        results["grpo"].append(
+            {"key": key, "label": label, **run_case(SCRIPT, "grpo", params | {"steps": grpo_steps, "count_syncs": True}, tmp)}
+        )
     return results
 
 
@@ -91,21 +92,41 @@ def render(results: dict) -> str:
             rows.append([r["way"], "failed", "", "", "", ""])
             continue
         label = "`.item()` per metric, then `run.log(floats)`" if r["way"] == "item" else "`run.log(tensors)`"
-        detail = ", ".join(f"{who}: " + ", ".join(f"{n} x{c}" for n, c in per.items()) for who, per in r["syncs"].items()) or "none"
-        rows.append([label, _total(r["syncs"]) / r["steps"], detail, r["call"]["median_us"], "yes" if r["values_exact"] else "**no**"])
-    out = [f"**A loop logging 30 one-element tensors per step** ({results['loop'][0].get('steps', '?')} steps, 10 ms apart, CPU tensors):", "",
-           md_table(["way", "conversions per step", "which", "log call median us (incl. .item())", "values exact"], rows)]
+        detail = (
+            ", ".join(f"{who}: " + ", ".join(f"{n} x{c}" for n, c in per.items()) for who, per in r["syncs"].items()) or "none"
+        )
+        rows.append(
+            [label, _total(r["syncs"]) / r["steps"], detail, r["call"]["median_us"], "yes" if r["values_exact"] else "**no**"]
+        )
+    out = [
+        f"**A loop logging 30 one-element tensors per step** ({results['loop'][0].get('steps', '?')} steps, 10 ms apart, CPU tensors):",
+        "",
+        md_table(["way", "conversions per step", "which", "log call median us (incl. .item())", "values exact"], rows),
+    ]
     rows = []
     for r in results["grpo"]:
         if "error" in r:
             rows.append([r["label"], "failed", "", "", ""])
             continue
         steps = r["synced_steps"]
-        detail = "; ".join(f"{who}: " + ", ".join(f"{n} x{c}" for n, c in sorted(per.items())) for who, per in sorted(r["syncs"].items()))
-        rows.append([r["label"], _total(r["syncs"], "main thread") / steps, _total(r["syncs"], "rllog threads") / steps,
-                     _total(r["syncs"], "other threads") / steps, detail])
-    out += ["", f"**Tiny GRPO run** (conversions per step from step 3 to the end of training, {results['grpo'][0].get('synced_steps', '?')} steps):", "",
-            md_table(["configuration", "training thread", "rllog threads", "other threads", "which (whole window)"], rows)]
+        detail = "; ".join(
+            f"{who}: " + ", ".join(f"{n} x{c}" for n, c in sorted(per.items())) for who, per in sorted(r["syncs"].items())
+        )
+        rows.append(
+            [
+                r["label"],
+                _total(r["syncs"], "main thread") / steps,
+                _total(r["syncs"], "rllog threads") / steps,
+                _total(r["syncs"], "other threads") / steps,
+                detail,
+            ]
+        )
+    out += [
+        "",
+        f"**Tiny GRPO run** (conversions per step from step 3 to the end of training, {results['grpo'][0].get('synced_steps', '?')} steps):",
+        "",
+        md_table(["configuration", "training thread", "rllog threads", "other threads", "which (whole window)"], rows),
+    ]
     return "\n".join(out)
 
 

@@ -37,7 +37,12 @@ def cmd_backends(args) -> int:
         aliases = [a for a, target in ALIASES.items() if target == name]
         label = name + (f" (alias: {', '.join(aliases)})" if aliases else "")
         available = b.installed
-        table.add_row(label, b.source, "yes" if available else "no", escape(f"pip install 'rllog[{b.extra}]'") if b.extra and not available else "")
+        table.add_row(
+            label,
+            b.source,
+            "yes" if available else "no",
+            escape(f"pip install 'rllog[{b.extra}]'") if b.extra and not available else "",
+        )
     console.print(table)
     return 0
 
@@ -66,10 +71,16 @@ def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
     for r in delivery.values():
         colour = {DELIVERED: "green", PENDING: "yellow", FAILED: "red"}[r.state]
         error = ": " + escape(r.error) if r.error else ""
-        counts = f"({r.delivered} delivered, {r.pending} pending" + (f", {r.dead_letters} dead-lettered" if r.dead_letters else "") + ")"
+        counts = (
+            f"({r.delivered} delivered, {r.pending} pending"
+            + (f", {r.dead_letters} dead-lettered" if r.dead_letters else "")
+            + ")"
+        )
         console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] {counts}{error}")
         for letter in r.dead_letter_list[:10]:
-            console.print(f"  [red]dead letter[/red] seq {letter['seq']} step {letter['step']} ({letter['kind']}): {escape(str(letter['error']))}")
+            console.print(
+                f"  [red]dead letter[/red] seq {letter['seq']} step {letter['step']} ({letter['kind']}): {escape(str(letter['error']))}"
+            )
     if delivery.journal_damage:
         console.print(f"[red]journal:[/red] {delivery.journal_damage.describe()}")
 
@@ -138,17 +149,26 @@ def cmd_replay(args) -> int:
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=console) as progress:
             tasks = {n: progress.add_task(f"replay to {n}", total=total, completed=before[n].delivered) for n in names}
-            failed = serve(args.run_dir, follow=False, parent_pid=None, only=names,
-                           on_progress=lambda n, seq: progress.update(tasks[n], completed=min(total, seq)))
+            failed = serve(
+                args.run_dir,
+                follow=False,
+                parent_pid=None,
+                only=names,
+                on_progress=lambda n, seq: progress.update(tasks[n], completed=min(total, seq)),
+            )
     except SinkBusy as exc:
-        console.print(f"[red]rllog replay: another process is already delivering this run ({exc}); "
-                      f"wait for it to end (a live run's agent, or another replay) and try again[/red]")
+        console.print(
+            f"[red]rllog replay: another process is already delivering this run ({exc}); "
+            f"wait for it to end (a live run's agent, or another replay) and try again[/red]"
+        )
         return EXIT_BUSY
     after = report(args.run_dir, names)
     for n in names:
         r = after[n]
         sent = r.delivered - before[n].delivered
-        console.print(f"{n}: delivered {sent} new records ({r.delivered}/{total} in all), state {r.state}{': ' + r.error if r.error else ''}")
+        console.print(
+            f"{n}: delivered {sent} new records ({r.delivered}/{total} in all), state {r.state}{': ' + r.error if r.error else ''}"
+        )
         if r.dead_letters:
             console.print(f"  {r.dead_letters} dead-lettered records: {r.dead_letter_list[:3]}")
     if after.journal_damage:

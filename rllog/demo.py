@@ -104,6 +104,7 @@ def run_demo(
     if simulated:
         config = {"steps": steps, "simulated": True}
         run = rllog.init(report_to=report_to, project="rllog-demo", name="simulated-grpo", run_dir=run_dir, config=config)
+        assert isinstance(run, rllog.Run)  # the demo is one process: rank 0
         simulate(run, steps)
         report, run_dir = run.finish(), run.run_dir
     else:

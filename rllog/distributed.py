@@ -92,6 +92,7 @@ def reduce_metrics(values: dict[str, float]) -> dict[str, float]:
         union = current | set(_known_keys)
         _known_keys = sorted(union if len(union) <= MAX_KNOWN_KEYS else current)
         result = _reduce_over(dist, _known_keys, values)
+    assert result is not None  # every rank now knows every key
     return result
 
 
@@ -104,7 +105,13 @@ def _reduce_over(dist, keys: list[str], values: dict[str, float]) -> dict[str, f
     logged = torch.tensor([k in values for k in keys], dtype=torch.float64, device=device)
     present = ~torch.isnan(raw)
     sums = torch.stack([torch.where(present, raw, 0.0), present.to(torch.float64), logged])
-    extremes = torch.cat([torch.where(present, raw, -math.inf), torch.where(present, -raw, -math.inf), torch.tensor([new_key], dtype=torch.float64, device=device)])
+    extremes = torch.cat(
+        [
+            torch.where(present, raw, -math.inf),
+            torch.where(present, -raw, -math.inf),
+            torch.tensor([new_key], dtype=torch.float64, device=device),
+        ]
+    )
     dist.all_reduce(sums, op=dist.ReduceOp.SUM)
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     n = len(keys)
@@ -130,8 +137,8 @@ def gather_rows(rows: list[dict]) -> list[dict] | None:
     dist = _dist()
     if dist is None:
         return rows
-    gathered: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    gathered: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(rows, gathered, dst=0)
-    if dist.get_rank() != 0:
+    if gathered is None:  # not rank 0
         return None
     return [row for part in gathered for row in part]

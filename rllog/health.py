@@ -21,7 +21,8 @@ import logging
 import math
 import statistics
 from collections import deque
-from typing import Any, ClassVar, Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, NamedTuple
 
 from rllog.catalog import strip_prefix
 
@@ -69,13 +70,15 @@ class Rule:
         self.params: dict[str, Any] = dict(self.defaults)
         self.configure(**params)
 
-    def configure(self, **params: Any) -> "Rule":
+    def configure(self, **params: Any) -> Rule:
         """Change parameters (and ``enabled``); resets the rule's history."""
         if "enabled" in params:
             self.enabled = bool(params.pop("enabled"))
         unknown = sorted(set(params) - set(self.defaults))
         if unknown:
-            raise ValueError(f"rule {self.name!r} has no parameter {', '.join(map(repr, unknown))}; its parameters are: enabled, {', '.join(self.defaults)}")
+            raise ValueError(
+                f"rule {self.name!r} has no parameter {', '.join(map(repr, unknown))}; its parameters are: enabled, {', '.join(self.defaults)}"
+            )
         if "metrics" in params:
             params["metrics"] = (params["metrics"],) if isinstance(params["metrics"], str) else tuple(params["metrics"])
         self.params.update(params)
@@ -99,7 +102,9 @@ class Rule:
             if len(self._watched) > 100_000:  # a run that invents new keys every step must not grow this forever
                 self._watched.clear()
             bare = strip_prefix(key)
-            answer = self._watched[key] = any(fnmatch.fnmatchcase(k, pattern) for pattern in self.params["metrics"] for k in {key, bare})
+            answer = self._watched[key] = any(
+                fnmatch.fnmatchcase(k, pattern) for pattern in self.params["metrics"] for k in {key, bare}
+            )
         return answer
 
     def observe(self, step: int, values: Mapping[str, float]) -> list[AlertDraft]:
@@ -171,7 +176,12 @@ class EntropyCollapse(Rule):
 
     name = "entropy_collapse"
     summary = "Entropy fell below min_fraction of its early level (the mean of its first warmup observations): the policy is becoming deterministic and stops exploring."
-    defaults = {"metrics": ("entropy", "objective/entropy", "policy/entropy_avg"), "min_fraction": 0.2, "warmup": 5, "cooldown": 50}
+    defaults = {
+        "metrics": ("entropy", "objective/entropy", "policy/entropy_avg"),
+        "min_fraction": 0.2,
+        "warmup": 5,
+        "cooldown": 50,
+    }
 
     def check(self, key, value, step):
         baseline = self.state(key, _Baseline).add(value, self.warmup)
@@ -271,7 +281,17 @@ class NonFinite(Rule):
     level = "error"
     summary = "A loss or reward is NaN or inf: training has numerically broken down (or a reward function returned NaN/inf)."
     defaults = {
-        "metrics": ("loss", "loss/*", "*_loss", "reward", "reward_std", "rewards/*", "objective/rlhf_reward", "objective/scores", "objective/non_score_reward"),
+        "metrics": (
+            "loss",
+            "loss/*",
+            "*_loss",
+            "reward",
+            "reward_std",
+            "rewards/*",
+            "objective/rlhf_reward",
+            "objective/scores",
+            "objective/non_score_reward",
+        ),
         "cooldown": 50,
     }
 
@@ -303,7 +323,16 @@ class ValueLossSpike(Rule):
         return message
 
 
-RULES: tuple[type[Rule], ...] = (RatioFarFromOne, EntropyCollapse, TruncatedCompletions, NegativeKL, ExplodingKL, NonFinite, ValueLossSpike, NoLearningSignal)
+RULES: tuple[type[Rule], ...] = (
+    RatioFarFromOne,
+    EntropyCollapse,
+    TruncatedCompletions,
+    NegativeKL,
+    ExplodingKL,
+    NonFinite,
+    ValueLossSpike,
+    NoLearningSignal,
+)
 
 
 def default_rules() -> list[Rule]:
@@ -324,7 +353,12 @@ class HealthMonitor:
     monitor off. :meth:`observe` never raises: a rule that fails is logged and skipped.
     """
 
-    def __init__(self, rules: Iterable[Rule] | None = None, disable: Iterable[str] | str = (), overrides: Mapping[str, Mapping[str, Any]] | None = None):
+    def __init__(
+        self,
+        rules: Iterable[Rule] | None = None,
+        disable: Iterable[str] | str = (),
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ):
         self.rules: list[Rule] = list(rules) if rules is not None else default_rules()
         if isinstance(disable, str):
             disable = [d.strip() for d in disable.split(",") if d.strip()]
@@ -356,4 +390,3 @@ class HealthMonitor:
                     self._broken.add(r.name)
                     log.exception("rllog: health rule %r failed; it is skipped for this step", r.name)
         return out
-

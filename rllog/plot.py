@@ -99,9 +99,9 @@ def plot_run(
         for a in on_panel:
             colour = LEVEL_COLOUR.get(a.get("level") or "warning", LEVEL_COLOUR["warning"])
             ax.axvline(a["step"], color=colour, linewidth=1.0, alpha=0.7, zorder=2)
-            value = a.get("value")
-            if value is not None and math.isfinite(value):
-                ax.plot([a["step"]], [value], marker="x", markersize=8, color=colour, zorder=4)
+            mark = a.get("value")
+            if mark is not None and math.isfinite(mark):
+                ax.plot([a["step"]], [mark], marker="x", markersize=8, color=colour, zorder=4)
                 extra.append(value)
         finite = [y for y in ys if math.isfinite(y)] + extra
         if finite:

@@ -51,7 +51,7 @@ def markdown() -> str:
         "alerts, and the `console` backend colours values by health. Names match with a `train/`, `eval/` or `eval_`",
         "prefix too, and `{name}` stands for any reward function's name (`rewards/accuracy/mean`).",
         "",
-        "**Crucial** metrics (TRL's \"crucial values\") are the ones plots and the console show first.",
+        '**Crucial** metrics (TRL\'s "crucial values") are the ones plots and the console show first.',
         "",
     ]
     for trainer, title in _TRAINERS:
@@ -83,9 +83,9 @@ def markdown() -> str:
         "```python",
         "run = rllog.init(",
         "    health={",
-        "        \"disable\": [\"kl_explosion\"],                                  # switch rules off by name",
-        "        \"overrides\": {\"truncated_completions\": {\"threshold\": 0.3, \"patience\": 5},",
-        "                      \"entropy_collapse\": {\"min_fraction\": 0.1, \"cooldown\": 200}},",
+        '        "disable": ["kl_explosion"],                                  # switch rules off by name',
+        '        "overrides": {"truncated_completions": {"threshold": 0.3, "patience": 5},',
+        '                      "entropy_collapse": {"min_fraction": 0.1, "cooldown": 200}},',
         "    },",
         ")",
         "rllog.init(health=False)                                           # no health rules at all",

@@ -37,7 +37,7 @@ def no_network():
     before = NETGUARD_LOG.read_text() if NETGUARD_LOG.exists() else ""
     yield
     after = NETGUARD_LOG.read_text() if NETGUARD_LOG.exists() else ""
-    attempts = after[len(before):]
+    attempts = after[len(before) :]
     assert not attempts, f"test tried to reach the network: {attempts}"
 
 

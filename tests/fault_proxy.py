@@ -40,7 +40,9 @@ class FaultProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 matching = fail_path in self.path
                 with proxy.lock:
-                    status = 429 if matching and proxy.storm.is_set() else (proxy.faults.pop(0) if matching and proxy.faults else None)
+                    status = (
+                        429 if matching and proxy.storm.is_set() else (proxy.faults.pop(0) if matching and proxy.faults else None)
+                    )
                     if matching:
                         if status is None:
                             proxy.forwarded += 1

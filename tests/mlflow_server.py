@@ -80,12 +80,16 @@ def start_mlflow_server(directory: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}: {(directory / 'mlflow_server.log').read_text()[-2000:]}")
+            raise RuntimeError(
+                f"mlflow server exited with {proc.returncode}: {(directory / 'mlflow_server.log').read_text()[-2000:]}"
+            )
         if _healthy(uri):
             return proc, uri
         time.sleep(0.25)
     _stop(proc)
-    raise RuntimeError(f"mlflow server not healthy after {START_TIMEOUT}s: {(directory / 'mlflow_server.log').read_text()[-2000:]}")
+    raise RuntimeError(
+        f"mlflow server not healthy after {START_TIMEOUT}s: {(directory / 'mlflow_server.log').read_text()[-2000:]}"
+    )
 
 
 @pytest.fixture

@@ -96,4 +96,4 @@ def wait_until(predicate, timeout: float = 60.0) -> bool:
     return False
 
 
-__all__ = ["wait_until", "MemorySink", "BlockingSink", "FlakySink", "CrashingSink", "RateLimited", "TransientError"]
+__all__ = ["BlockingSink", "CrashingSink", "FlakySink", "MemorySink", "RateLimited", "TransientError", "wait_until"]

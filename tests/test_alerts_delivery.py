@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+
+from sinks import MemorySink
+
 import rllog
 from rllog.health import AlertDraft
 from rllog.sink import Capabilities
-from sinks import MemorySink
 
 
 class ThresholdMonitor:
@@ -31,16 +33,24 @@ class AlertMemorySink(MemorySink):
 def test_alerts_are_journaled_delivered_and_written_to_parquet(tmp_path, caplog):
     takes, ignores = AlertMemorySink("takes"), MemorySink("ignores")
     with caplog.at_level(logging.WARNING, logger="rllog"):
-        run = rllog.init(report_to=[takes, ignores, "parquet"], run_dir=tmp_path / "r", flush_interval=0.05, health=ThresholdMonitor())
+        run = rllog.init(
+            report_to=[takes, ignores, "parquet"], run_dir=tmp_path / "r", flush_interval=0.05, health=ThresholdMonitor()
+        )
         for step, x in enumerate([1.0, 7.0, 2.0, 9.0]):
             run.log({"x": x}, step=step)
         report = run.finish()
     assert report.ok and report["takes"].delivered == 6  # 4 metrics + 2 alerts, every record acknowledged
-    assert [(a.step, a.rule, a.metric, a.value, a.message) for a in takes.alerts] == [(1, "x_high", "x", 7.0, "x is 7.0"), (3, "x_high", "x", 9.0, "x is 9.0")]
+    assert [(a.step, a.rule, a.metric, a.value, a.message) for a in takes.alerts] == [
+        (1, "x_high", "x", 7.0, "x is 7.0"),
+        (3, "x_high", "x", 9.0, "x is 9.0"),
+    ]
     assert all(a.seq > 0 for a in takes.alerts) and len({a.seq for a in takes.alerts}) == 2
     assert len(ignores.metrics) == 4
     alerts = rllog.read_alerts(tmp_path / "r").to_pylist()
-    assert [(a["step"], a["rule"], a["value"], a["level"]) for a in alerts] == [(1, "x_high", 7.0, "warning"), (3, "x_high", 9.0, "warning")]
+    assert [(a["step"], a["rule"], a["value"], a["level"]) for a in alerts] == [
+        (1, "x_high", 7.0, "warning"),
+        (3, "x_high", 9.0, "warning"),
+    ]
     assert "rllog alert [x_high] step 1: x is 7.0" in caplog.text
 
 

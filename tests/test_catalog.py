@@ -23,16 +23,48 @@ GEN_METRICS_DOCS = ROOT / "scripts" / "gen_metrics_docs.py"
 NAN, INF = float("nan"), float("inf")
 
 PPO_METRICS = [
-    "eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
-    "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg", "val/clipfrac_avg",
-    "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr", "episode", "objective/kl_coef",
+    "eps",
+    "objective/kl",
+    "objective/entropy",
+    "objective/non_score_reward",
+    "objective/rlhf_reward",
+    "objective/scores",
+    "policy/approxkl_avg",
+    "policy/clipfrac_avg",
+    "loss/policy_avg",
+    "loss/value_avg",
+    "val/clipfrac_avg",
+    "policy/entropy_avg",
+    "val/ratio",
+    "val/ratio_var",
+    "val/num_eos_tokens",
+    "lr",
+    "episode",
+    "objective/kl_coef",
 ]
 GRPO_METRICS = [
-    "num_tokens", "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
-    "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length",
-    "rewards/accuracy/mean", "rewards/accuracy/std", "rewards/format_reward/mean", "reward", "reward_std",
-    "frac_reward_zero_std", "kl", "entropy", "clip_ratio", "clip_ratio/low_mean", "clip_ratio/low_min",
-    "clip_ratio/high_mean", "clip_ratio/high_max", "clip_ratio/region_mean",
+    "num_tokens",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "rewards/accuracy/mean",
+    "rewards/accuracy/std",
+    "rewards/format_reward/mean",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "clip_ratio",
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
 ]
 TRAINER_METRICS = ["loss", "grad_norm", "learning_rate"]
 
@@ -87,7 +119,12 @@ def test_patterns_and_prefixes():
     assert lookup("val/ratio").healthy == (0.8, 1.2) and lookup("val/ratio").good == "near 1"
     # crucial metrics, in catalog order; several reward functions all count
     assert catalog.crucial_keys(["grad_norm", "val/ratio", "rewards/b/mean", "rewards/a/mean", "reward", "lr", "foo"]) == [
-        "reward", "rewards/a/mean", "rewards/b/mean", "grad_norm", "val/ratio"]
+        "reward",
+        "rewards/a/mean",
+        "rewards/b/mean",
+        "grad_norm",
+        "val/ratio",
+    ]
 
 
 def test_health():
@@ -115,8 +152,10 @@ def test_importing_the_catalog_stays_light():
 
 def test_ratio_far_from_one():
     rule = rules.RatioFarFromOne()
-    drafts = feed(rule, const("val/ratio", 1.0, range(10)) + [(10, {"val/ratio": 1.35})])
-    assert [(d.step, d.metric, d.value, d.rule, d.level) for d in drafts] == [(10, "val/ratio", 1.35, "ratio_far_from_one", "warning")]
+    drafts = feed(rule, [*const("val/ratio", 1.0, range(10)), (10, {"val/ratio": 1.35})])
+    assert [(d.step, d.metric, d.value, d.rule, d.level) for d in drafts] == [
+        (10, "val/ratio", 1.35, "ratio_far_from_one", "warning")
+    ]
     assert "1.35" in drafts[0].message and "1.0" in drafts[0].message
     low = feed(rules.RatioFarFromOne(), [(3, {"train/val/ratio": 0.7})])
     assert [(d.step, d.metric, d.value) for d in low] == [(3, "train/val/ratio", 0.7)]
@@ -135,7 +174,14 @@ def test_cooldown_one_alert_per_cooldown_not_per_step():
     series = [(s, {"entropy": 2.0, "objective/entropy": 3.0}) for s in range(5)]
     series += [(s, {"entropy": 0.1, "objective/entropy": 3.0 if s < 8 else 0.1}) for s in range(5, 30)]
     drafts = feed(rule, series)
-    assert [(d.step, d.metric) for d in drafts] == [(5, "entropy"), (8, "objective/entropy"), (15, "entropy"), (18, "objective/entropy"), (25, "entropy"), (28, "objective/entropy")]
+    assert [(d.step, d.metric) for d in drafts] == [
+        (5, "entropy"),
+        (8, "objective/entropy"),
+        (15, "entropy"),
+        (18, "objective/entropy"),
+        (25, "entropy"),
+        (28, "objective/entropy"),
+    ]
 
 
 def test_entropy_collapse():
@@ -144,7 +190,7 @@ def test_entropy_collapse():
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(10, "entropy", 0.3, "entropy_collapse")]
     assert "early level 2" in drafts[0].message
     # PPO's names, prefixed
-    ppo = const("train/policy/entropy_avg", 1.0, range(5)) + [(5, {"train/policy/entropy_avg": 0.1})]
+    ppo = [*const("train/policy/entropy_avg", 1.0, range(5)), (5, {"train/policy/entropy_avg": 0.1})]
     assert [(d.step, d.metric, d.value) for d in feed(rules.EntropyCollapse(), ppo)] == [(5, "train/policy/entropy_avg", 0.1)]
     # must not fire: a gentle decline to 25% of the early level, or a low but stable entropy from the start
     decline = [(s, {"entropy": 2.0 - 1.5 * s / 199}) for s in range(200)]
@@ -158,7 +204,9 @@ def test_entropy_collapse():
 def test_truncated_completions_sustained():
     series = const("completions/clipped_ratio", 0.1, range(10)) + const("completions/clipped_ratio", 0.6, range(10, 13))
     drafts = feed(rules.TruncatedCompletions(), series)
-    assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(12, "completions/clipped_ratio", 0.6, "truncated_completions")]
+    assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [
+        (12, "completions/clipped_ratio", 0.6, "truncated_completions")
+    ]
     # must not fire: isolated highs (the streak resets), two in a row, exactly at the threshold
     flicker = [(s, {"completions/clipped_ratio": 0.8 if s % 2 else 0.2}) for s in range(100)]
     assert feed(rules.TruncatedCompletions(), flicker) == []
@@ -170,7 +218,7 @@ def test_truncated_completions_sustained():
 
 
 def test_negative_kl():
-    series = const("kl", 0.01, range(7)) + [(7, {"kl": -0.05})]
+    series = [*const("kl", 0.01, range(7)), (7, {"kl": -0.05})]
     drafts = feed(rules.NegativeKL(), series)
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(7, "kl", -0.05, "kl_negative")]
     assert [(d.step, d.metric) for d in feed(rules.NegativeKL(), [(2, {"objective/kl": -3.0})])] == [(2, "objective/kl")]
@@ -183,7 +231,7 @@ def test_exploding_kl():
     drafts = feed(rules.ExplodingKL(), series)  # early level max(0.02, floor 0.05) = 0.05; 0.6 > 10 x 0.05
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(10, "kl", 0.6, "kl_explosion")]
     assert "12x its early level" in drafts[0].message
-    relative = const("objective/kl", 2.0, range(5)) + [(5, {"objective/kl": 25.0})]
+    relative = [*const("objective/kl", 2.0, range(5)), (5, {"objective/kl": 25.0})]
     assert [(d.step, d.value) for d in feed(rules.ExplodingKL(), relative)] == [(5, 25.0)]
     ceiling = [(0, {"objective/kl": 150.0})]  # above the ceiling before any early level exists
     assert [(d.step, d.metric, d.value) for d in feed(rules.ExplodingKL(), ceiling)] == [(0, "objective/kl", 150.0)]
@@ -195,12 +243,22 @@ def test_exploding_kl():
 
 
 def test_non_finite_loss_or_reward_is_an_error():
-    series = [(1, {"loss": 0.3, "reward": 0.2}), (2, {"loss": NAN, "reward": 0.2}), (3, {"rewards/accuracy/mean": INF}),
-              (4, {"loss/value_avg": -INF}), (5, {"eval_loss": NAN}), (6, {"objective/rlhf_reward": NAN})]
+    series = [
+        (1, {"loss": 0.3, "reward": 0.2}),
+        (2, {"loss": NAN, "reward": 0.2}),
+        (3, {"rewards/accuracy/mean": INF}),
+        (4, {"loss/value_avg": -INF}),
+        (5, {"eval_loss": NAN}),
+        (6, {"objective/rlhf_reward": NAN}),
+    ]
     drafts = feed(rules.NonFinite(), series)
     assert [(d.step, d.metric, d.level) for d in drafts] == [
-        (2, "loss", "error"), (3, "rewards/accuracy/mean", "error"), (4, "loss/value_avg", "error"),
-        (5, "eval_loss", "error"), (6, "objective/rlhf_reward", "error")]
+        (2, "loss", "error"),
+        (3, "rewards/accuracy/mean", "error"),
+        (4, "loss/value_avg", "error"),
+        (5, "eval_loss", "error"),
+        (6, "objective/rlhf_reward", "error"),
+    ]
     assert math.isnan(drafts[0].value) and drafts[1].value == INF
     # must not fire: finite values, and NaN in metrics that are no loss or reward (grad_norm is inf on
     # fp16 overflow steps the scaler skips); the whole default monitor stays quiet on them too
@@ -212,22 +270,26 @@ def test_non_finite_loss_or_reward_is_an_error():
 
 def test_value_loss_spike():
     base = [(s, {"loss/value_avg": 1.0 + 0.05 * math.sin(s * 1.7)}) for s in range(30)]
-    drafts = feed(rules.ValueLossSpike(), base + [(30, {"loss/value_avg": 3.0})])
+    drafts = feed(rules.ValueLossSpike(), [*base, (30, {"loss/value_avg": 3.0})])
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(30, "loss/value_avg", 3.0, "value_loss_spike")]
     # a spike over a constant history (MAD 0) fires through the ratio test
     flat = const("loss/value_avg", 0.5, range(10))
-    assert [(d.step, d.value) for d in feed(rules.ValueLossSpike(), flat + [(10, {"loss/value_avg": 6.0})])] == [(10, 6.0)]
+    assert [(d.step, d.value) for d in feed(rules.ValueLossSpike(), [*flat, (10, {"loss/value_avg": 6.0})])] == [(10, 6.0)]
     # must not fire: noise, a steady rise, a small step up from a constant history, too little history
-    assert feed(rules.ValueLossSpike(), base + [(30, {"loss/value_avg": 1.1})]) == []
+    assert feed(rules.ValueLossSpike(), [*base, (30, {"loss/value_avg": 1.1})]) == []
     assert feed(rules.ValueLossSpike(), [(s, {"loss/value_avg": 1.0 + 0.01 * s}) for s in range(200)]) == []
-    assert feed(rules.ValueLossSpike(), flat + [(10, {"loss/value_avg": 0.6})]) == []
+    assert feed(rules.ValueLossSpike(), [*flat, (10, {"loss/value_avg": 0.6})]) == []
     assert feed(rules.ValueLossSpike(), [(0, {"loss/value_avg": 1.0}), (1, {"loss/value_avg": 50.0})]) == []
     # a NaN value loss is the non_finite rule's, not a spike, and does not poison the window
-    assert feed(rules.ValueLossSpike(), base + [(30, {"loss/value_avg": NAN}), (31, {"loss/value_avg": 1.02})]) == []
+    assert feed(rules.ValueLossSpike(), [*base, (30, {"loss/value_avg": NAN}), (31, {"loss/value_avg": 1.02})]) == []
 
 
 def test_no_learning_signal():
-    series = const("frac_reward_zero_std", 0.4, range(5)) + const("frac_reward_zero_std", 0.95, range(5, 7)) + [(7, {"frac_reward_zero_std": 1.0})]
+    series = (
+        const("frac_reward_zero_std", 0.4, range(5))
+        + const("frac_reward_zero_std", 0.95, range(5, 7))
+        + [(7, {"frac_reward_zero_std": 1.0})]
+    )
     drafts = feed(rules.NoLearningSignal(), series)
     assert [(d.step, d.metric, d.value, d.rule) for d in drafts] == [(7, "frac_reward_zero_std", 1.0, "no_learning_signal")]
     assert "no learning signal" in drafts[0].message
@@ -239,12 +301,27 @@ def test_no_learning_signal():
 
 # ---- the monitor: switching rules off, overriding parameters ----------------------------------------
 
-COLLAPSE = const("entropy", 2.0, range(5)) + [(5, {"entropy": 0.1})]
+COLLAPSE = [*const("entropy", 2.0, range(5)), (5, {"entropy": 0.1})]
 
 
 def test_monitor_runs_every_rule_and_stays_quiet_on_a_healthy_run():
-    healthy = [(s, {"reward": s / 100, "reward_std": 0.3, "kl": 0.001 * s / 10, "entropy": 1.0 - 0.002 * s, "completions/clipped_ratio": 0.05,
-                    "frac_reward_zero_std": 0.3, "loss": 0.01, "grad_norm": 0.5, "clip_ratio/region_mean": 0.0}) for s in range(300)]
+    healthy = [
+        (
+            s,
+            {
+                "reward": s / 100,
+                "reward_std": 0.3,
+                "kl": 0.001 * s / 10,
+                "entropy": 1.0 - 0.002 * s,
+                "completions/clipped_ratio": 0.05,
+                "frac_reward_zero_std": 0.3,
+                "loss": 0.01,
+                "grad_norm": 0.5,
+                "clip_ratio/region_mean": 0.0,
+            },
+        )
+        for s in range(300)
+    ]
     assert feed(HealthMonitor(), healthy) == []
     assert [r.name for r in HealthMonitor().rules] == [cls.name for cls in rules.RULES]
     assert [d.rule for d in feed(HealthMonitor(), COLLAPSE)] == ["entropy_collapse"]
@@ -263,10 +340,12 @@ def test_disable_and_override():
     assert [d.step for d in feed(quick, const("completions/clipped_ratio", 0.7, range(25)))] == [0, 10, 20]
     # watching other metrics
     custom = HealthMonitor(overrides={"ratio_far_from_one": {"metrics": ["sampling/importance_sampling_ratio/mean"]}})
-    assert [d.metric for d in feed(custom, [(0, {"val/ratio": 3.0, "sampling/importance_sampling_ratio/mean": 3.0})])] == ["sampling/importance_sampling_ratio/mean"]
-    with pytest.raises(ValueError, match="unknown health rule 'entropy'.*entropy_collapse"):
+    assert [d.metric for d in feed(custom, [(0, {"val/ratio": 3.0, "sampling/importance_sampling_ratio/mean": 3.0})])] == [
+        "sampling/importance_sampling_ratio/mean"
+    ]
+    with pytest.raises(ValueError, match=r"unknown health rule 'entropy'.*entropy_collapse"):
         HealthMonitor(disable=["entropy"])
-    with pytest.raises(ValueError, match="no parameter 'treshold'.*threshold"):
+    with pytest.raises(ValueError, match=r"no parameter 'treshold'.*threshold"):
         HealthMonitor(overrides={"no_learning_signal": {"treshold": 0.5}})
 
 
@@ -297,14 +376,17 @@ def test_monitor_with_own_rules_and_a_failing_rule():
 def make_unhealthy_run(run_dir: Path) -> Path:
     run = rllog.init(run_dir=run_dir, project="cat", name="unhealthy")
     for step in range(40):
-        run.log({
-            "reward": step / 40,
-            "kl": 0.002 * step,
-            "entropy": 2.0 if step < 20 else 0.2,
-            "completions/clipped_ratio": 0.1,
-            "val/ratio": 1.0 if step < 30 else 1.7,
-            "loss": NAN if step == 25 else 0.1,
-        }, step=step)
+        run.log(
+            {
+                "reward": step / 40,
+                "kl": 0.002 * step,
+                "entropy": 2.0 if step < 20 else 0.2,
+                "completions/clipped_ratio": 0.1,
+                "val/ratio": 1.0 if step < 30 else 1.7,
+                "loss": NAN if step == 25 else 0.1,
+            },
+            step=step,
+        )
     report = run.finish(timeout=60)
     assert report.ok, report
     return run_dir
@@ -324,23 +406,38 @@ def test_plot_shades_healthy_bands_and_marks_alerts(tmp_path):
 
     run_dir = make_unhealthy_run(tmp_path / "run")
     alerts = load_alerts(run_dir, summarise(run_dir))
-    assert {(a["rule"], a["metric"], a["step"]) for a in alerts} >= {("entropy_collapse", "entropy", 20), ("ratio_far_from_one", "val/ratio", 30), ("non_finite", "loss", 25)}
+    assert {(a["rule"], a["metric"], a["step"]) for a in alerts} >= {
+        ("entropy_collapse", "entropy", 20),
+        ("ratio_far_from_one", "val/ratio", 30),
+        ("non_finite", "loss", 25),
+    }
     out = plot_run(run_dir, tmp_path / "plot.png")
     assert out == tmp_path / "plot.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out.stat().st_size > 20_000
-    band = (1 - 0.12 + 0.12 * 0x2C / 255, 1 - 0.12 + 0.12 * 0xA0 / 255, 1 - 0.12 + 0.12 * 0x2C / 255)  # green at alpha 0.12 on white
+    band = (
+        1 - 0.12 + 0.12 * 0x2C / 255,
+        1 - 0.12 + 0.12 * 0xA0 / 255,
+        1 - 0.12 + 0.12 * 0x2C / 255,
+    )  # green at alpha 0.12 on white
     assert _colour_pixels(out, band) > 2_000, "no healthy band shaded"
-    red = tuple(int(LEVEL_COLOUR["error"][i:i + 2], 16) / 255 for i in (1, 3, 5))
+    red = tuple(int(LEVEL_COLOUR["error"][i : i + 2], 16) / 255 for i in (1, 3, 5))
     assert _colour_pixels(out, red, tol=0.15) > 50, "no error alert marked"
     # alerts passed explicitly, metrics chosen
-    out2 = plot_run(run_dir, tmp_path / "two.png", metrics=["reward", "val/ratio"], alerts=[{"step": 5, "rule": "r", "metric": "reward", "value": 0.1, "level": "warning"}])
+    out2 = plot_run(
+        run_dir,
+        tmp_path / "two.png",
+        metrics=["reward", "val/ratio"],
+        alerts=[{"step": 5, "rule": "r", "metric": "reward", "value": 0.1, "level": "warning"}],
+    )
     assert out2.stat().st_size > 10_000
 
 
 def test_show_marks_unhealthy_metrics_and_explains_them(tmp_path):
     run_dir = make_unhealthy_run(tmp_path / "run")
     env = dict(os.environ, COLUMNS="200")
-    proc = subprocess.run([sys.executable, "-m", "rllog.cli", "show", str(run_dir)], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rllog.cli", "show", str(run_dir)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 7}

@@ -25,17 +25,26 @@ def records(steps, seconds_per_step=2.0):
     """GRPO-shaped records; val/ratio leaves its healthy range from step 20 on."""
     out = []
     for i, step in enumerate(steps):
-        out.append(MetricsRecord(i + 1, step, 1000.0 + seconds_per_step * step, {
-            "reward": step / 100,
-            "kl": 0.01,
-            "entropy": 1.5,
-            "val/ratio": 1.6 if step >= 20 else 1.0,
-            "my/custom": 7.25,
-        }))
+        out.append(
+            MetricsRecord(
+                i + 1,
+                step,
+                1000.0 + seconds_per_step * step,
+                {
+                    "reward": step / 100,
+                    "kl": 0.01,
+                    "entropy": 1.5,
+                    "val/ratio": 1.6 if step >= 20 else 1.0,
+                    "my/custom": 7.25,
+                },
+            )
+        )
     return out
 
 
-ALERT = AlertRecord(99, 20, 1040.0, "ratio_far_from_one", "val/ratio", 1.6, "val/ratio is 1.6, more than 0.2 away from 1.0", "warning")
+ALERT = AlertRecord(
+    99, 20, 1040.0, "ratio_far_from_one", "val/ratio", 1.6, "val/ratio is 1.6, more than 0.2 away from 1.0", "warning"
+)
 ERROR = AlertRecord(100, 21, 1042.0, "non_finite", "loss", float("nan"), "loss is nan", "error")
 
 
@@ -45,7 +54,7 @@ def live_sink(width=120, **kwargs):
 
 
 def last_panel(text: str) -> str:
-    return text[text.rindex("╭"):]
+    return text[text.rindex("╭") :]
 
 
 def test_live_panel_with_progress_eta_coloured_metrics_and_alerts():
@@ -73,10 +82,12 @@ def test_live_panel_with_progress_eta_coloured_metrics_and_alerts():
     assert "step 21 ERROR [non_finite] loss=nan: loss is nan" in panel
     assert "table completions: logged 1 times, 2 rows" in panel
     styled = console.export_text(styles=True, clear=False)
-    styled = styled[styled.rindex("╭"):]
+    styled = styled[styled.rindex("╭") :]
     assert re.search(re.escape(RED) + r" *1\.6\x1b\[0m", styled), "unhealthy val/ratio not red"
     assert re.search(re.escape(GREEN) + r" *0\.01\x1b\[0m", styled), "healthy kl not green"
-    assert " 0.4 " in styled and not re.search(r"\x1b\[[0-9;]*m *0\.4\x1b", styled), "a metric without a range should not be coloured"
+    assert " 0.4 " in styled and not re.search(r"\x1b\[[0-9;]*m *0\.4\x1b", styled), (
+        "a metric without a range should not be coloured"
+    )
     assert YELLOW + "step 20 WARNING [ratio_far_from_one]" in styled
     assert RED + "step 21 ERROR [non_finite]" in styled
     sink.close("finished")
@@ -90,7 +101,7 @@ def test_live_panel_colours_change_with_health_and_extra_metrics():
     sink.open(INFO)
     sink.write_metrics(records(range(0, 5)))
     early = console.export_text(styles=True, clear=True)
-    assert re.search(re.escape(GREEN) + r" *1\x1b\[0m", early[early.rindex("╭"):]), "val/ratio 1.0 should be green"
+    assert re.search(re.escape(GREEN) + r" *1\x1b\[0m", early[early.rindex("╭") :]), "val/ratio 1.0 should be green"
     sink.write_metrics(records(range(20, 22)))
     panel = last_panel(console.export_text(clear=False))
     assert "my/custom" in panel and "7.25" in panel
@@ -180,7 +191,17 @@ def test_end_to_end_health_alerts_reach_the_console(tmp_path):
     assert "rllog: run e2e finished at step 29 (1 alert)" in text
 
 
-@pytest.mark.parametrize("value,text", [(0.1234567, "0.1235"), (3.0, "3"), (float("nan"), "nan"), (float("-inf"), "-inf"), (1.5e-7, "1.5e-07"), (799206.0, "799206")])
+@pytest.mark.parametrize(
+    "value,text",
+    [
+        (0.1234567, "0.1235"),
+        (3.0, "3"),
+        (float("nan"), "nan"),
+        (float("-inf"), "-inf"),
+        (1.5e-7, "1.5e-07"),
+        (799206.0, "799206"),
+    ],
+)
 def test_value_format(value, text):
     assert fmt_value(value) == text
 

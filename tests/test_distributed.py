@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-import rllog  # noqa: E402
-from rllog.distributed import reduction  # noqa: E402
+import rllog
+from rllog.distributed import reduction
 
-WORKER = r'''
+WORKER = r"""
 import json, math, os, sys
 import torch, torch.distributed as dist
 import rllog
@@ -49,7 +47,7 @@ report = run.finish()
 with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
     json.dump({"rank": rank, "type": type(run).__name__, "report": {k: v.state for k, v in report.items()}}, f)
 dist.destroy_process_group()
-'''
+"""
 
 
 def reference(world: int, step: int) -> dict[str, float]:
@@ -78,8 +76,22 @@ def test_torchrun_reduces_across_ranks_and_only_rank0_writes(tmp_path, world):
     results_dir.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLLOG_DIR": str(tmp_path / "default_runs")}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world), str(script), str(out_dir), str(results_dir)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(world),
+            str(script),
+            str(out_dir),
+            str(results_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = sorted((json.loads(p.read_text()) for p in results_dir.glob("rank*.json")), key=lambda r: r["rank"])

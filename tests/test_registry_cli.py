@@ -7,12 +7,11 @@ import sys
 import textwrap
 
 import pytest
+from sinks import MemorySink
 
 import rllog
 from rllog import registry
-from rllog.cli import main as cli_main
 from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
-from sinks import MemorySink
 
 
 def test_report_to_forms():
@@ -37,14 +36,17 @@ def test_unknown_backend_suggests_a_close_match():
 
 
 def test_known_but_missing_backend_names_its_extra(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN, "wandb", registry.Backend("wandb", "rllog_backends.parquet:ParquetSink", "no_such_module_xyz", "wandb"))
+    monkeypatch.setitem(
+        registry.BUILTIN, "wandb", registry.Backend("wandb", "rllog_backends.parquet:ParquetSink", "no_such_module_xyz", "wandb")
+    )
     with pytest.raises(BackendNotInstalled, match=r"pip install 'rllog\[wandb\]'"):
         registry.parse_report_to("wandb")
 
 
 def make_entry_point_package(root):
     """A real installed distribution (dist-info on sys.path) registering backend 'jsonl'."""
-    (root / "rllog_jsonl_sink.py").write_text(textwrap.dedent('''
+    (root / "rllog_jsonl_sink.py").write_text(
+        textwrap.dedent("""
         import json, os
         from rllog.sink import Capabilities
 
@@ -64,7 +66,8 @@ def make_entry_point_package(root):
             def close(self, status):
                 self.f.write(json.dumps({"status": status}) + "\\n")
                 self.f.close()
-    '''))
+    """)
+    )
     dist = root / "rllog_jsonl-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rllog-jsonl\nVersion: 1.0\n")
@@ -87,7 +90,13 @@ def test_entry_point_backend_is_selected_by_name_in_the_agent_process(tmp_path, 
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "rllog.cli", *args], capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "200"})
+    return subprocess.run(
+        [sys.executable, "-m", "rllog.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
 
 
 def test_cli_backends_lists_builtin_and_entry_points(tmp_path, monkeypatch):

@@ -139,7 +139,7 @@ class _Release:
     """What finishes a run whose callback was garbage-collected: the run, and the status to finish it with."""
 
     def __init__(self, run: Any) -> None:
-        self.run = run
+        self.run: Any = run
         self.status = "finished"
         self.orphaned = False  # set by the finalizer: the callback (and its trainer) is gone
 
@@ -217,7 +217,7 @@ class RLLogCallback(TrainerCallback):
         **init_kwargs: Any,
     ):
         self.report_to = report_to
-        self.run = run
+        self.run: Any = run  # a Run, a NullRun on ranks > 0, or None before training starts
         self.train_prefix = train_prefix
         self.flush_timeout = flush_timeout
         self.args_report_to = args_report_to
@@ -229,14 +229,14 @@ class RLLogCallback(TrainerCallback):
         self._training = False
 
     # -- the run ---------------------------------------------------------------------------------
-    def start(self, args: Any, model: Any = None, state: Any = None) -> rllog.Run:
+    def start(self, args: Any, model: Any = None, state: Any = None) -> rllog.Run | rllog.NullRun:
         """Start the run now (idempotent); resumes the run a checkpoint's ``state`` names."""
         if self.run is not None and not (self._release is not None and self.run.finished):
             return self.run
         previous = self.run  # a run this callback started and that was finished: continue it
         _release_collected_runs()
         # The trainer has reduced its metrics across ranks already and logs from the main process only.
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "project": getattr(args, "project", None) or DEFAULT_PROJECT,
             "name": getattr(args, "run_name", None),
             "reduce_across_ranks": False,

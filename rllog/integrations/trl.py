@@ -36,7 +36,7 @@ import functools
 import json
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rllog.errors import RunFinished
 from rllog.integrations.transformers import TRAIN_PREFIX, RLLogCallback, split_report_to
@@ -96,7 +96,7 @@ def _first_rows_per_prompt(prompts: list) -> list[int]:
 
 def _caller_frame():
     """The first frame outside this module: the user's code that built or called the trainer."""
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename == _THIS_FILE:
         frame = frame.f_back
     return frame
@@ -163,7 +163,13 @@ def _route_profiling_through_rllog() -> None:
     ProfilingContext._log_metrics = _log_metrics
 
 
-class RLLogMixin:
+if TYPE_CHECKING:  # the mixin's attributes (args, state, model, train, log...) are the trainer's
+    from transformers import Trainer as _TrainerBase
+else:
+    _TrainerBase = object
+
+
+class RLLogMixin(_TrainerBase):
     """Put first in the bases of a TRL trainer: ``class T(RLLogMixin, GRPOTrainer)``.
 
     Keyword args (besides the trainer's own):

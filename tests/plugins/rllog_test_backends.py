@@ -41,7 +41,9 @@ class JsonlSink:
 
     def write_table(self, record):
         self._check()
-        self.f.write(json.dumps({"seq": record.seq, "step": record.step, "table": record.name, "rows": record.table.num_rows}) + "\n")
+        self.f.write(
+            json.dumps({"seq": record.seq, "step": record.step, "table": record.name, "rows": record.table.num_rows}) + "\n"
+        )
 
     def flush(self):
         self.f.flush()

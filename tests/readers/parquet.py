@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from readers import ReadBack
-
 from rllog_backends.parquet import read_alerts, read_metrics, read_table, store_dir, table_names
 
 
