@@ -102,7 +102,7 @@ def plot_run(
             mark = a.get("value")
             if mark is not None and math.isfinite(mark):
                 ax.plot([a["step"]], [mark], marker="x", markersize=8, color=colour, zorder=4)
-                extra.append(value)
+                extra.append(mark)
         finite = [y for y in ys if math.isfinite(y)] + extra
         if finite:
             lo, hi = min(finite), max(finite)

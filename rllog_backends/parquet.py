@@ -283,27 +283,29 @@ class ParquetSink:
             )
 
     def flush(self) -> None:
-        """Append what is buffered to each directory's tail and hand it to the OS; each buffer is emptied once appended."""
+        """Each buffer is appended to its directory's tail and committed (durable), then emptied; a buffer whose
+        append or commit failed (a full disk) is kept whole for the retry, its directory cut back to the last commit."""
         with _disk_errors():
             if self._alerts:
-                self._store("alerts").append(pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA))
+                self._commit(self._store("alerts"), pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA))
                 self._alerts = []
             if self._rows:
                 columns = list(zip(*self._rows, strict=True))
-                table = pa.Table.from_arrays(
-                    [pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)], schema=METRICS_SCHEMA
-                )
-                self._store("metrics").append(table)
+                arrays = [pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)]
+                self._commit(self._store("metrics"), pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA))
                 self._rows = []
             for name in list(self._tables):
                 tables = self._tables[name]
-                self._store("tables", table_dir_name(name), seq_column="_seq").append(
-                    pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0],
-                    seq=self._table_seqs[name],
-                )
+                table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+                self._commit(self._store("tables", table_dir_name(name), seq_column="_seq"), table, seq=self._table_seqs[name])
                 del self._tables[name], self._table_seqs[name]
             for store in self._stores.values():
-                store.flush()
+                store.maintain()  # parts and merges; a full disk leaves them for a later flush
+
+    @staticmethod
+    def _commit(store: PartStore, table: pa.Table, seq: int | None = None) -> None:
+        store.append(table, seq=seq)
+        store.commit()
 
     def close(self, status: str) -> None:
         self.flush()

@@ -22,6 +22,7 @@ and open, and compacting them all at close would read the whole run into memory.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -133,6 +134,11 @@ def _write_atomic(path: Path, schema: pa.Schema, tables) -> None:
 class PartStore:
     """The files of one directory (metrics, alerts, or one table), written by one sink at a time.
 
+    Writing is two-phase: :meth:`append` writes rows to the tail, :meth:`commit` makes them count (durable: the
+    caller may forget them). A failed append or commit (a full disk) is cut back to the last commit and the tail is
+    set aside, so the caller appends the same rows again later and nothing is stored twice or left torn.
+    :meth:`maintain` then turns full tails into parts and merges levels; on a full disk it leaves that for later.
+
     Args:
         directory: the directory.
         seq_column: the column that holds each row's record seq (``seq`` or ``_seq``).
@@ -141,7 +147,7 @@ class PartStore:
     def __init__(self, directory: Path, seq_column: str):
         self.directory = directory
         self.seq_column = seq_column
-        self.written_seq = 0  # the highest seq on disk: a re-sent record at or below it is not stored again
+        self.written_seq = 0  # the highest committed seq: a re-sent record at or below it is not stored again
         self.schema: pa.Schema | None = None  # what the directory's rows unify to
         self._tail: pa.ipc.RecordBatchStreamWriter | None = None
         self._tail_file: pa.OSFile | None = None
@@ -150,6 +156,7 @@ class PartStore:
         self._tail_rows = 0
         self._tail_since = 0.0
         self._tail_last = 0
+        self._committed_size = 0  # the tail file's size at the last commit
         self._opened = False
 
     # -- writing ---------------------------------------------------------------------------------
@@ -165,9 +172,7 @@ class PartStore:
         for f in files:
             if f not in live:
                 f.path.unlink(missing_ok=True)
-        for f in sorted(live, key=lambda f: f.first):
-            if f.is_tail:
-                self._convert_tail(f.path, f.first)
+        self._convert_old_tails()
         for f in _listing(self.directory):
             self.written_seq = max(self.written_seq, f.last)
             if not f.is_tail:
@@ -180,58 +185,113 @@ class PartStore:
         self._opened = True
 
     def append(self, table: pa.Table, seq: int | None = None) -> None:
-        """Append rows (in seq order, all above ``written_seq``) to the tail; durable after :meth:`flush`.
+        """Write rows (in seq order, all above ``written_seq``) to the tail; they count once :meth:`commit` returned.
 
         A table with no rows (logged by the user as such, with record ``seq``) leaves its columns in an empty part
         when the directory has nothing yet, so that it can be read back.
         """
         self.open()
-        if not table.num_rows:
-            if seq is not None and not _listing(self.directory):
-                _write_atomic(self.directory / f"part-{seq:012d}-{seq:012d}-L0.parquet", table.schema, [table])
-                self.schema = table.schema
+        try:
+            if not table.num_rows:
+                if seq is not None and not _listing(self.directory):
+                    _write_atomic(self.directory / f"part-{seq:012d}-{seq:012d}-L0.parquet", table.schema, [table])
+                    self.schema = table.schema
+                return
+            schema = (
+                table.schema
+                if self.schema is None
+                else pa.unify_schemas([self.schema, table.schema], promote_options="permissive")
+            )
+            if self._tail is not None and not schema.equals(self._tail_schema):
+                self._close_tail()  # a stream has one schema: a new column or a promoted type starts a new tail
+            if self._tail is None:
+                first = pc.min(table.column(self.seq_column)).as_py()
+                self._tail_path = self.directory / f"_tail-{first:012d}.arrows"
+                self._tail_file = pa.OSFile(str(self._tail_path), "wb")
+                self._tail = pa.ipc.new_stream(self._tail_file, schema)
+                self._tail_schema, self._tail_rows, self._tail_since, self._committed_size = schema, 0, time.monotonic(), 0
+            for batch in conform(table, schema).to_batches(max_chunksize=BATCH_ROWS):
+                self._tail.write_batch(batch)
+            self._tail_rows += table.num_rows
+            self._tail_last = max(self._tail_last, pc.max(table.column(self.seq_column)).as_py())
+            self.schema = schema
+        except BaseException:
+            self.discard_uncommitted()
+            raise
+
+    def commit(self) -> None:
+        """What was appended is handed to the OS and counts: durable against a killed process from here on."""
+        if self._tail_file is None:
             return
-        schema = (
-            table.schema if self.schema is None else pa.unify_schemas([self.schema, table.schema], promote_options="permissive")
-        )
-        if self._tail is not None and not schema.equals(self._tail_schema):
-            self.roll()  # a stream has one schema: a new column or a promoted type starts a new tail
-        self.schema = schema
-        if self._tail is None:
-            first = pc.min(table.column(self.seq_column)).as_py()
-            self._tail_path = self.directory / f"_tail-{first:012d}.arrows"
-            self._tail_file = pa.OSFile(str(self._tail_path), "wb")
-            self._tail = pa.ipc.new_stream(self._tail_file, schema)
-            self._tail_schema, self._tail_rows, self._tail_since = schema, 0, time.monotonic()
-        for batch in conform(table, schema).to_batches(max_chunksize=BATCH_ROWS):
-            self._tail.write_batch(batch)
-        self._tail_rows += table.num_rows
-        self._tail_last = pc.max(table.column(self.seq_column)).as_py()
+        try:
+            self._tail_file.flush()
+            self._committed_size = self._tail_file.tell()
+        except BaseException:
+            self.discard_uncommitted()
+            raise
+        self.written_seq = max(self.written_seq, self._tail_last)
+
+    def discard_uncommitted(self) -> None:
+        """Cut the tail back to its last commit and set it aside (the next append starts a new tail)."""
+        if self._tail_path is None:
+            return
+        path, size = self._tail_path, self._committed_size
+        for handle in (self._tail_file,):
+            try:
+                if handle is not None:
+                    handle.close()
+            except OSError:
+                pass
+        self._tail = self._tail_file = self._tail_path = None
+        self._tail_last = self.written_seq
+        try:
+            if size:
+                os.truncate(path, size)  # frees space: cannot fail for want of it
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def flush(self) -> None:
-        """Hand what was appended to the OS; then turn a full or old tail into a part and merge full levels."""
-        if self._tail_file is not None:
-            self._tail_file.flush()
-            self.written_seq = max(self.written_seq, self._tail_last)
-            if self._tail_rows >= TAIL_ROWS or time.monotonic() - self._tail_since >= TAIL_SECONDS:
-                self.roll()
+        """:meth:`commit`, then :meth:`maintain`."""
+        self.commit()
+        self.maintain()
+
+    def maintain(self) -> None:
+        """Turn a full or old tail into a part and merge full levels. A full disk leaves it for a later call."""
+        if self._tail is not None and (self._tail_rows >= TAIL_ROWS or time.monotonic() - self._tail_since >= TAIL_SECONDS):
+            self._close_tail()
+        try:
+            self._convert_old_tails()
+            self._merge_full_levels()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
 
     def roll(self) -> None:
         """Close the tail and turn it into a level-0 part (then merge levels that are full)."""
-        if self._tail is None:
-            return
-        assert self._tail_path is not None and self._tail_file is not None
-        self._tail.close()  # the end-of-stream marker
-        self._tail_file.close()
-        path, first = self._tail_path, int(_TAIL.match(self._tail_path.name)[1])  # type: ignore[index]
-        self._tail = self._tail_file = self._tail_path = None
-        self.written_seq = max(self.written_seq, self._tail_last)
-        self._convert_tail(path, first)
+        self._close_tail()
+        self._convert_old_tails()
         self._merge_full_levels()
 
     def close(self) -> None:
         """Everything to Parquet parts (readable by any Parquet reader), levels merged as they fill."""
         self.roll()
+
+    def _close_tail(self) -> None:
+        """End the tail's stream (what it holds is committed); it becomes a part at the next conversion."""
+        if self._tail is None:
+            return
+        assert self._tail_file is not None
+        self.commit()
+        self._tail.close()  # the end-of-stream marker
+        self._tail_file.close()
+        self._tail = self._tail_file = self._tail_path = None
+
+    def _convert_old_tails(self) -> None:
+        """Every tail but the one being written becomes a level-0 part, oldest first."""
+        for f in sorted((f for f in _listing(self.directory) if f.is_tail and f.path != self._tail_path), key=lambda f: f.first):
+            self._convert_tail(f.path, f.first)
 
     def _convert_tail(self, path: Path, first: int) -> None:
         table = read_tail(path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-from pathlib import Path
 
 from readers import ReadBack
 from rllog_backends.parquet import read_alerts, read_metrics, read_table, store_dir, table_names
@@ -31,16 +30,17 @@ def read_back(env: dict, run_info) -> ReadBack:
 
 # -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
 def break_next_write(monkeypatch, sink) -> None:
-    """The next part file stops half-way with ``ENOSPC``, as a filling disk does (the sink writes parts at flush)."""
-    import pyarrow.parquet as pq
+    """The next commit of a directory's tail fails with ``ENOSPC`` after part of a batch landed, as a filling disk does."""
+    from rllog_backends.parquet_store import PartStore
 
-    real, fired = pq.write_table, []
+    real, fired = PartStore.commit, []
 
-    def write_table(table, where, *args, **kwargs):
-        if fired:
-            return real(table, where, *args, **kwargs)
-        fired.append(where)
-        Path(where).write_bytes(b"PAR1" + bytes(64))  # a torn part, as the full disk left it
+    def commit(self):
+        if fired or self._tail_file is None:
+            return real(self)
+        fired.append(self.directory)
+        self._tail_file.write(b"\xff" * 37)  # a torn message, as the full disk left it
+        self.discard_uncommitted()
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(pq, "write_table", write_table)
+    monkeypatch.setattr(PartStore, "commit", commit)
