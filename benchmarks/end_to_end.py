@@ -201,7 +201,7 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
     if mode == "rllog" and params.get("warm", True):
         # As with transformers' callbacks, whose trackers are set up in on_train_begin (outside the timed
         # window): wait until rllog's trackers are imported and open (a first record delivered to each).
-        run = trainer.rllog_run
+        run = trainer.rllog_callback.start(trainer.args, trainer.model, trainer.state)  # what train() would do first
         run.log({"bench/warmup": 0.0}, step=0)
         agent_ready_s = harness.wait_delivered(run.run_dir, run.sink_names, 1, timeout=300, settle=harness.SETTLE_S)
     agent = getattr(getattr(trainer, "rllog_run", None), "_agent", None)

@@ -37,6 +37,7 @@ TAIL_ROWS = 262_144
 TAIL_SECONDS = 300.0
 FAN_IN = 4
 BATCH_ROWS = 131_072
+ROW_GROUP_ROWS = 524_288
 _PART = re.compile(r"^part-(\d{12})-(\d{12})-L(\d+)\.parquet$")
 _TAIL = re.compile(r"^_tail-(\d{12})\.arrows$")
 
@@ -122,13 +123,23 @@ def _write_atomic(path: Path, schema: pa.Schema, tables) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with pq.ParquetWriter(tmp, schema) as writer:
-            for table in tables:
+            pending: list[pa.Table] = []
+            rows = 0
+            for table in tables:  # batches gathered into row groups of ROW_GROUP_ROWS: few, large groups read fastest
                 if table.num_rows:
-                    writer.write_table(conform(table, schema), row_group_size=BATCH_ROWS * 8)
+                    pending.append(conform(table, schema))
+                    rows += table.num_rows
+                if rows >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                    pending, rows = [], 0
+            if pending:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        pa.default_memory_pool().release_unused()  # the agent's memory stays bounded between merges
 
 
 class PartStore:
@@ -275,8 +286,11 @@ class PartStore:
         self._merge_full_levels()
 
     def close(self) -> None:
-        """Everything to Parquet parts (readable by any Parquet reader), levels merged as they fill."""
+        """Everything into one Parquet part (a finished run reads as fast as one file), streamed batch by batch."""
         self.roll()
+        parts = [f for f in _live(_listing(self.directory)) if not f.is_tail]
+        if len(parts) > 1:
+            self._merge(parts, 1 + max(f.level for f in parts))
 
     def _close_tail(self) -> None:
         """End the tail's stream (what it holds is committed); it becomes a part at the next conversion."""
@@ -307,16 +321,19 @@ class PartStore:
             live = _live(_listing(self.directory))
             parts = [f for f in live if f.level == level]
             if len(parts) >= FAN_IN:
-                inputs = parts[:FAN_IN]
-                schema = pa.unify_schemas([pq.read_schema(f.path) for f in inputs], promote_options="permissive")
-                target = self.directory / f"part-{inputs[0].first:012d}-{inputs[-1].last:012d}-L{level + 1}.parquet"
-                _write_atomic(target, schema, (batch for f in inputs for batch in _batches(f.path)))
-                for f in inputs:  # a kill before these removals leaves inputs that readers ignore (covered)
-                    f.path.unlink(missing_ok=True)
+                self._merge(parts[:FAN_IN], level + 1)
                 continue
             if not any(f.level > level for f in live):
                 return
             level += 1
+
+    def _merge(self, inputs: list[_File], level: int) -> None:
+        """Stream ``inputs`` (adjacent in seq) into one part of ``level``; then remove them."""
+        schema = pa.unify_schemas([pq.read_schema(f.path) for f in inputs], promote_options="permissive")
+        target = self.directory / f"part-{inputs[0].first:012d}-{inputs[-1].last:012d}-L{level}.parquet"
+        _write_atomic(target, schema, (batch for f in inputs for batch in _batches(f.path)))
+        for f in inputs:  # a kill before these removals leaves inputs that readers ignore (covered)
+            f.path.unlink(missing_ok=True)
 
     # -- reading ---------------------------------------------------------------------------------
     @staticmethod

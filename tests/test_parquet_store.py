@@ -39,7 +39,7 @@ def test_many_flushes_keep_few_files_and_read_back_in_order(tmp_path, monkeypatc
     assert table.column("seq").to_pylist() == list(range(1, seq))
     assert table.column("note").to_pylist()[:3] == [None] * 3 and table.column("note").to_pylist()[-1] == f"n{seq - 1}"
     store.close()
-    assert all(p.suffix == ".parquet" for p in PartStore.files(tmp_path / "d"))
+    assert [p.suffix for p in PartStore.files(tmp_path / "d")] == [".parquet"]  # one file at the end
     assert PartStore.read(tmp_path / "d").column("seq").to_pylist() == list(range(1, seq))
 
 
