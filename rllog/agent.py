@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from rllog.rundir import AGENT_LOG
+from rllog.sink import CONSOLE_FD_ENV
 
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
-CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"  # the trainer's stdout, duplicated for the console backend
 OPTIONS_FROM_STDIN = "--options-stdin"
 LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
 

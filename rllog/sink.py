@@ -34,6 +34,8 @@ from typing import Protocol, runtime_checkable
 
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 
+CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"  # the trainer's stdout, duplicated by the agent, for a sink that draws on the terminal
+
 
 @dataclass(frozen=True)
 class Capabilities:

@@ -39,10 +39,10 @@ from typing import Any
 
 from rllog.catalog import crucial_keys, format_range, health, lookup
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.sink import Capabilities
+from rllog.sink import CONSOLE_FD_ENV, Capabilities
 from rllog.sink_errors import is_disk_full, map_errors
 
-ENV_FD = "RLLOG_CONSOLE_FD"
+ENV_FD = CONSOLE_FD_ENV
 HEALTH_STYLE = {"ok": "green", "unhealthy": "bold red", None: ""}
 LEVEL_STYLE = {"error": "bold red", "warning": "yellow"}
 

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("trl")
 
+import readers.comet_ml
 import readers.mlflow
 import readers.tensorboard
 import readers.trackio
@@ -31,13 +32,15 @@ from rllog.run import load_run_info
 
 pytestmark = pytest.mark.slow
 
-TRACKERS = ["tensorboard", "mlflow", "trackio", "wandb"]
+TRACKERS = ["tensorboard", "mlflow", "trackio", "wandb", "comet_ml"]
 STEPS = 3
 PROJECT = "huggingface"  # TrainingArguments.project's default: trackio's project, the wandb project without WANDB_PROJECT
 TIMINGS = ("runtime", "per_second", "step_time", "profiling/")  # differ from run to run
 
 TRAIN = r"""
 import json, sys
+import comet_ml.experiment  # transformers' Comet callback would probe the cloud metadata address (no setting stops it)
+comet_ml.experiment.get_env_cloud_details = lambda *a, **k: None
 from tiny_grpo import make_grpo_trainer
 
 model_dir, out, mode, trackers = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
@@ -67,6 +70,7 @@ def storage(root: Path) -> dict[str, str]:
             ("TRACKIO_DIR", "trackio"),
             ("RLLOG_DIR", "rllog_runs"),
             ("MLFLOW_ARTIFACT_ROOT", "mlartifacts"),
+            ("COMET_OFFLINE_DIRECTORY", "comet"),
         )
     }
     for path in dirs.values():
@@ -252,6 +256,33 @@ def test_trackio_keeps_every_chart_value_config_and_completions_row(both_ways):
     native_rows = [t for _, t in native.tables["completions"]]
     ours_rows = [t for _, t in ours.tables["completions"]] + [t for _, t in ours.tables["eval/completions"]]
     assert ours_rows == native_rows[: len(ours_rows)]
+
+
+def comet_metrics(env: dict) -> dict[str, list[tuple[int, float]]]:
+    """Every metric in the offline archives under ``env`` (Comet's own ``sys.*`` and process duration left out)."""
+    import zipfile
+
+    metrics: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(Path(env["COMET_OFFLINE_DIRECTORY"]).glob("*.zip")):
+        for message in readers.comet_ml._messages(zipfile.ZipFile(path)):
+            if message["type"] != "metric_msg":
+                continue
+            metric = message["payload"]["metric"]
+            name = metric["metricName"]
+            if name in readers.comet_ml.COMET_OWN_METRICS or name.startswith("sys."):
+                continue
+            metrics.setdefault(name, []).append((metric.get("step"), readers.comet_ml._value(metric["metricValue"])))
+    return metrics
+
+
+def test_comet_keeps_every_chart_and_value(both_ways):
+    native = comet_metrics(both_ways["native"][0])
+    env, info, _ = rllog_info(both_ways)
+    ours = readers.comet_ml.read_back(env, info)
+    assert {"train/reward", "train/loss"} <= set(native), sorted(native)
+    assert set(deterministic(native)) <= set(ours.metrics), set(deterministic(native)) - set(ours.metrics)
+    assert_same_series(native, ours.metrics, by_step=False)
+    assert [s for s, _ in ours.metrics["train/reward"]] == [1, 2, 3]
 
 
 def test_config_keeps_the_users_report_to_as_a_list_where_the_tracker_takes_lists(both_ways):
