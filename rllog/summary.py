@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from rllog.journal import End, read_all
 from rllog.records import AlertRecord, MetricsRecord, TableRecord
+from rllog.rundir import RunFile
 
 
 @dataclass
@@ -31,9 +32,26 @@ class RunSummary:
     status: str | None = None
 
 
+def _latest_attempt(run_dir: str | os.PathLike, metrics: list[MetricsRecord]) -> list[MetricsRecord]:
+    """A resumed run as its latest attempt left it: an earlier attempt's records at or after the step a later one
+    restarted from are left out (as ``rllog.read_metrics`` does)."""
+    try:
+        firsts = sorted(a["first_seq"] for a in RunFile.read(run_dir).attempts)[1:]
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
+        return metrics
+    restarts = []
+    for i, first in enumerate(firsts):
+        end = firsts[i + 1] if i + 1 < len(firsts) else None
+        steps = [m.step for m in metrics if m.seq >= first and (end is None or m.seq < end)]
+        if steps:
+            restarts.append((first, min(steps)))
+    return [m for m in metrics if not any(m.seq < first and m.step >= step for first, step in restarts)]
+
+
 def summarise(run_dir: str | os.PathLike) -> RunSummary:
     """Every metric's count/last/min/max (NaN and inf counted apart) and series, every table's size."""
     s = RunSummary()
+    metrics: list[MetricsRecord] = []
     for item in read_all(run_dir):
         if isinstance(item, End):
             s.status = item.status
@@ -41,12 +59,13 @@ def summarise(run_dir: str | os.PathLike) -> RunSummary:
         s.records += 1
         if isinstance(item, AlertRecord):
             s.alerts.append(item)
-            continue
-        if isinstance(item, TableRecord):
+        elif isinstance(item, TableRecord):
             n, rows = s.tables.get(item.name, (0, 0))
             s.tables[item.name] = (n + 1, rows + item.table.num_rows)
-            continue
-        assert isinstance(item, MetricsRecord)
+        elif isinstance(item, MetricsRecord):
+            metrics.append(item)
+        # a ConfigRecord (Run.update_config) counts as a record; config is not summarised
+    for item in _latest_attempt(run_dir, metrics):
         s.steps.add(item.step)
         for key, value in item.values.items():
             m = s.metrics.setdefault(key, MetricSummary())

@@ -107,3 +107,21 @@ def test_update_config_and_flush_barrier(tmp_path):
 
     assert read_meta(tmp_path / "r")["config"] == {"lr": 0.1, "batch": 8, "hub_token": "***REDACTED***"}
     assert run.finish().ok
+
+
+def test_show_and_summary_take_config_records_and_the_latest_attempt(tmp_path, capsys):
+    from rllog.cli import main as cli_main
+    from rllog.summary import summarise
+
+    run_dir = tmp_path / "r"
+    for first, last in ((0, 20), (10, 30)):  # the second attempt restarts at step 10
+        run = rllog.init(report_to="parquet", run_dir=run_dir, resume="allow", health=False)
+        for step in range(first, last):
+            run.log({"reward": step + (0.5 if first else 0.0)}, step=step)
+        run.update_config({"phase": first})
+        assert run.finish().ok
+    summary = summarise(run_dir)
+    assert summary.series["reward"] == [(s, float(s)) for s in range(10)] + [(s, s + 0.5) for s in range(10, 30)]
+    assert summary.records == 42  # 40 metrics records and 2 config records
+    assert cli_main(["show", str(run_dir)]) == 0
+    assert "reward" in capsys.readouterr().out
