@@ -136,25 +136,7 @@ def grpo_trainer(model_dir: str, output_dir: str, steps: int, mode: str, deliver
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    settings = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=steps,
-        logging_steps=1,
-        report_to=list(FIVE) if mode == "transformers" else "none",
-        log_completions=True,
-        num_completions_to_print=0,
-        beta=0.04,
-        learning_rate=1e-3,
-        save_strategy="no",
-        seed=0,
-        bf16=False,
-        dataloader_num_workers=0,
-        run_name="bench-e2e",
-    )  # = rllog.demo.make_grpo_trainer's settings
+    settings = demo.grpo_settings(output_dir, steps, list(FIVE) if mode == "transformers" else "none", run_name="bench-e2e")
     return GRPOTrainer(
         model=model_dir,
         reward_funcs=[demo.reward_has_digit, demo.reward_short],

@@ -176,16 +176,9 @@ def reward_short(completions, **kwargs):
     return [1.0 / (1.0 + len(t)) for t in texts]
 
 
-def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None):
-    """The demo's GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only."""
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rllog.integrations.trl import RLLogMixin
-
-    class Trainer(RLLogMixin, GRPOTrainer):
-        pass
-
+def grpo_settings(output_dir: str, steps: int, report_to: Any, **overrides: Any) -> dict[str, Any]:
+    """The tiny GRPO run's ``GRPOConfig`` arguments (CPU, batch 4, 4 generations, 8 new tokens, seeded); the demo,
+    the tests' fixtures and the end-to-end benchmark all train with these."""
     settings = dict(
         output_dir=output_dir,
         use_cpu=True,
@@ -204,6 +197,20 @@ def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: An
         bf16=False,
         dataloader_num_workers=0,
     )
+    return settings | overrides
+
+
+def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: Any, rllog_options: dict | None = None):
+    """The demo's GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`) on the tiny model, CPU only."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rllog.integrations.trl import RLLogMixin
+
+    class Trainer(RLLogMixin, GRPOTrainer):
+        pass
+
+    settings = grpo_settings(output_dir, steps, report_to)
     dataset = Dataset.from_dict({"prompt": PROMPTS})
     return Trainer(
         model=model_dir,

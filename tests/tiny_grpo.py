@@ -1,16 +1,16 @@
 """Test fixtures for TRL: a GRPOTrainer with the rllog mixin on the tiny model, and reward functions whose outputs tests check.
 
 The tiny model (and the prompts its tokenizer is trained on) is the demo's, :func:`rllog.demo.build_tiny_model`: one copy,
-in the package, because ``rllog demo`` needs it. The trainer settings and reward functions here are the tests' own, so
-changing the demo cannot change what a test asserts (batch of 4 completions, the ``digits/fraction`` metric, the
-``n_chars`` column...).
+in the package, because ``rllog demo`` needs it; so are the GRPOConfig settings (:func:`rllog.demo.grpo_settings`),
+which tests override per case. The reward functions here are the tests' own, so changing the demo's cannot change
+what a test asserts (the ``digits/fraction`` metric, the ``n_chars`` column...).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rllog.demo import PROMPTS, build_tiny_model
+from rllog.demo import PROMPTS, build_tiny_model, grpo_settings
 
 __all__ = ["PROMPTS", "build_tiny_model", "grpo_dataset", "make_grpo_trainer", "reward_has_digit", "reward_short"]
 
@@ -63,25 +63,7 @@ def make_grpo_trainer(
     """
     from trl import GRPOConfig, GRPOTrainer
 
-    settings = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=steps,
-        logging_steps=1,
-        report_to=report_to,
-        log_completions=True,
-        num_completions_to_print=0,
-        beta=0.04,
-        learning_rate=1e-3,
-        save_strategy="no",
-        seed=0,
-        bf16=False,
-        dataloader_num_workers=0,
-    )
-    settings.update(config_overrides)
+    settings = grpo_settings(output_dir, steps, report_to, **config_overrides)
     kwargs = dict(
         model=model_dir,
         reward_funcs=[reward_has_digit, reward_short],
