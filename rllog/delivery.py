@@ -58,16 +58,6 @@ class SinkState:
     BROKEN = (FAILED, GAVE_UP)
 
 
-# kept for existing imports
-WAITING, RUNNING, CLOSED, FAILED, GAVE_UP, STOPPED = (
-    SinkState.WAITING,
-    SinkState.RUNNING,
-    SinkState.CLOSED,
-    SinkState.FAILED,
-    SinkState.GAVE_UP,
-    SinkState.STOPPED,
-)
-
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
