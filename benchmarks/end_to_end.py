@@ -235,7 +235,12 @@ def _setup(params: dict, workdir: Path):
 
 
 def case_grpo(params: dict, workdir: Path) -> dict:
-    """One configuration, alone in this process."""
+    """One configuration, alone in this process; with ``params["prepare"]`` the script starts with
+    ``rllog.prepare`` as docs/trl.md recommends (the trackers import while torch, TRL and the model load)."""
+    if params.get("prepare"):
+        import rllog
+
+        rllog.prepare(params.get("sinks", SIX))
     model_dir, counter = _setup(params, workdir)
     return train_once(params, model_dir, workdir / "out", counter)
 

@@ -39,6 +39,7 @@ __all__ = [
     "init",
     "log",
     "log_table",
+    "prepare",
     "read_alerts",
     "read_metrics",
     "read_table",
@@ -74,6 +75,33 @@ def init(
     cls = Run if global_rank() == 0 else NullRun
     _current = cls(report_to, project=project, name=name, config=config, **kwargs)
     return _current
+
+
+def prepare(report_to: Any = None, *, delivery: str = "process", system_metrics: bool | float | None = None) -> bool:
+    """Start the delivery agent for ``report_to`` now, so that the trackers' imports (seconds for MLflow,
+    Comet or wandb) overlap what the program does before :func:`init` (loading a model, a dataset).
+
+    The agent opens no tracker run and writes nothing until a run with the same backends starts; the
+    first :func:`init` that matches takes it. Nothing is started on ranks other than 0, with
+    ``delivery="thread"``, or while a run's agent is alive in this process (one agent at a time);
+    a later ``prepare`` with other backends replaces it. The TRL/HF integrations call it when a trainer
+    is built. Returns whether an agent is now waiting.
+
+    Example:
+        >>> rllog.prepare(["wandb", "mlflow"])  # at the top of the script
+        >>> model = load_model()                # the trackers are imported meanwhile
+        >>> run = rllog.init(["wandb", "mlflow"])
+    """
+    from rllog.distributed import global_rank
+    from rllog.registry import parse_report_to
+    from rllog.run import system_interval
+
+    if delivery != "process" or global_rank() != 0:
+        return False
+    names = [item for item in parse_report_to(report_to) if isinstance(item, str)]
+    from rllog import agent
+
+    return agent.prepare(names, system_interval(system_metrics)) is not None
 
 
 def current_run() -> Run | NullRun | None:

@@ -20,8 +20,10 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -33,6 +35,7 @@ from rllog.sink import CONSOLE_FD_ENV
 
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
 OPTIONS_FROM_STDIN = "--options-stdin"
+STANDBY_ARG = "--standby"
 LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
 
 log = logging.getLogger("rllog.agent")
@@ -128,6 +131,7 @@ class AgentProcess:
         self.exits: deque[tuple[int | None, str]] = deque(maxlen=5)  # (exit code, last line of agent.log)
         self.cause: str | None = None  # why delivery is not going on, for finish's report
         self._started_at = 0.0
+        self._pid = os.getpid()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
@@ -191,59 +195,31 @@ class AgentProcess:
         return proc is not None and proc.poll() is not None and proc.returncode in (0, EXIT_SINKS_FAILED)
 
     def _spawn(self) -> None:
-        from rllog.system_metrics import SampleReader
-
-        console_fd = _trainer_stdout()
-        env = dict(os.environ)
-        command = [
-            sys.executable,
-            "-m",
-            "rllog.agent",
-            str(self.run_dir),
-            "--follow",
-            "--parent-pid",
-            str(os.getpid()),
-            OPTIONS_FROM_STDIN,
-        ]
-        passed = []
-        if console_fd is not None:
-            env[CONSOLE_FD_ENV] = str(console_fd)
-            passed.append(console_fd)
-        samples_read = samples_write = None
-        if self.system_interval:
-            samples_read, samples_write = os.pipe()
-            passed.append(samples_write)
-            command += ["--system-metrics-fd", str(samples_write), "--system-interval", str(self.system_interval)]
-        try:
-            with open(self.run_dir / AGENT_LOG, "ab") as log_file:
-                proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.PIPE,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                    pass_fds=tuple(passed),
-                    env=env,
-                )
-        finally:
-            for fd in (console_fd, samples_write):
-                if fd is not None:
-                    os.close(fd)
+        standby = take_standby(self.sink_names, self.system_interval) if self.restarts == 0 else None
+        if standby is not None:  # started while the trainer was built: its trackers are imported
+            proc, samples_read = standby.proc, standby.samples_read
+            assignment = {"run_dir": str(self.run_dir), "options": self.options, "env": dict(os.environ), "cwd": os.getcwd()}
+            payload = json.dumps(assignment) + "\n"
+        else:
+            proc, samples_read = _launch([str(self.run_dir)], self.run_dir / AGENT_LOG, self.system_interval)
+            payload = json.dumps(self.options)
         if samples_read is not None:
+            from rllog.system_metrics import SampleReader
+
             self._read_samples()  # what the previous agent sent last
             if self._samples is not None:
                 self._samples.close()
             self._samples = SampleReader(samples_read)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps(self.options).encode())
+            proc.stdin.write(payload.encode())
             proc.stdin.close()
         except OSError:  # it died at once; the watcher sees it
             pass
         with self._lock:
             self.proc = proc
         self._started_at = time.monotonic()
+        _agents.add(self)
 
     SINK_CHECK_SECONDS = 5.0
 
@@ -323,11 +299,160 @@ def _last_line(path: Path) -> str:
         return ""
 
 
+def _launch(args: list[str], log_path: Path, system_interval: float | None) -> tuple[subprocess.Popen, int | None]:
+    """Start ``python -m rllog.agent ARGS`` for this trainer; returns the process and the read end of its
+    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way."""
+    console_fd = _trainer_stdout()
+    env = dict(os.environ)
+    command = [sys.executable, "-m", "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
+    passed = []
+    if console_fd is not None:
+        env[CONSOLE_FD_ENV] = str(console_fd)
+        passed.append(console_fd)
+    samples_read = samples_write = None
+    if system_interval:
+        samples_read, samples_write = os.pipe()
+        passed.append(samples_write)
+        command += ["--system-metrics-fd", str(samples_write), "--system-interval", str(system_interval)]
+    try:
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C aimed at the trainer does not hit it
+                close_fds=True,
+                pass_fds=tuple(passed),
+                env=env,
+            )
+    except BaseException:
+        if samples_read is not None:
+            os.close(samples_read)
+        raise
+    finally:
+        for fd in (console_fd, samples_write):
+            if fd is not None:
+                os.close(fd)
+    return proc, samples_read
+
+
+class Standby:
+    """A delivery agent started before its run exists (see :func:`prepare`).
+
+    It imports the named backends' trackers (``Backend.prepare``) at idle CPU priority, then waits on
+    its stdin for the run it will deliver; it opens no tracker run and writes nothing before that. The
+    first :class:`AgentProcess` of a run with the same sinks takes it (:func:`take_standby`); closing
+    its stdin (:meth:`release`, or the trainer's exit) ends it.
+    """
+
+    def __init__(self, sink_names: list[str], system_interval: float | None):
+        self.key = (tuple(sink_names), system_interval)
+        fd, log_name = tempfile.mkstemp(prefix="rllog-standby-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(log_name)
+        args = [STANDBY_ARG, "--sinks", ",".join(sink_names), "--standby-log", str(self.log_path)]
+        self.proc, self.samples_read = _launch(args, self.log_path, system_interval)
+        self.owner_pid = os.getpid()
+        self.owners = 1  # trainers waiting for it; the last one collected without training releases it
+
+    def alive(self) -> bool:
+        return self.owner_pid == os.getpid() and self.proc.poll() is None
+
+    def release(self) -> None:
+        """End it (closing its stdin tells it no run is coming)."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        if self.samples_read is not None:
+            os.close(self.samples_read)
+            self.samples_read = None
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log_path.unlink(missing_ok=True)
+
+
+_standby: Standby | None = None
+_standby_lock = threading.Lock()
+_agents: weakref.WeakSet[AgentProcess] = weakref.WeakSet()  # this process's run agents, for prepare()
+
+
+def prepare(sink_names: list[str], system_interval: float | None) -> Standby | None:
+    """Start a standby agent for these sinks now, unless one is waiting already or a run's agent is alive
+    in this process (one agent at a time: a sweep that builds trainer after trainer keeps one).
+
+    The integrations call it when a trainer is built, so the trackers' imports (seconds: MLflow, Comet,
+    wandb) overlap the model's loading rather than the first steps of training. Returns the standby
+    (None when none was started).
+    """
+    global _standby
+    with _standby_lock:
+        if _standby is not None and _standby.alive():
+            if _standby.key == (tuple(sink_names), system_interval):
+                _standby.owners += 1
+                return _standby
+            _standby.release()
+        _standby = None
+        if not sink_names or any(a.poll() is None for a in list(_agents) if a.proc is not None and a._pid == os.getpid()):
+            return None
+        _standby = Standby(sink_names, system_interval)
+        return _standby
+
+
+def take_standby(sink_names: list[str], system_interval: float | None) -> Standby | None:
+    """The waiting standby if it was started for exactly these sinks (it is then no longer waiting)."""
+    global _standby
+    with _standby_lock:
+        standby, _standby = _standby, None
+    if standby is None:
+        return None
+    if standby.alive() and standby.key == (tuple(sink_names), system_interval):
+        return standby
+    if standby.owner_pid == os.getpid():
+        standby.release()
+    return None
+
+
+def release_standby(standby: Standby) -> None:
+    """A trainer that asked for ``standby`` went without training: end it if no other trainer waits for it."""
+    global _standby
+    with _standby_lock:
+        standby.owners -= 1
+        if _standby is not standby or standby.owners > 0:
+            return
+        _standby = None
+    if standby.owner_pid == os.getpid():
+        standby.release()
+
+
+def waiting_standby() -> Standby | None:
+    """The standby agent waiting for a run, if any."""
+    return _standby
+
+
+def discard_standby() -> None:
+    """End the waiting standby, whoever asked for it."""
+    global _standby
+    with _standby_lock:
+        waiting, _standby = _standby, None
+    if waiting is not None and waiting.owner_pid == os.getpid():
+        waiting.release()
+
+
 PRIORITY_ENV = "RLLOG_AGENT_PRIORITY"  # "idle" (default): SCHED_IDLE, raised while behind; "nice": nice 10 throughout
 LAG_MAX_SECONDS = float(
     os.environ.get("RLLOG_AGENT_LAG_MAX", "30")
 )  # behind by more: compete for the CPU again (nice 10) until caught up
 CAUGHT_UP_SECONDS = 2.0
+try:
+    AGENT_NICE = int(os.environ.get("RLLOG_AGENT_NICE", "10"))  # delivery is background work
+except ValueError:
+    AGENT_NICE = 10
 
 
 class PriorityGovernor:
@@ -446,9 +571,58 @@ def serve(
     return len([f for f in followers if f.state != SinkState.CLOSED])
 
 
+def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
+    """A standby's life before its run: import the trackers at idle priority, then read the run from stdin
+    (exit quietly on end of file: the trainer went without training)."""
+    from rllog import delivery, registry, rundir  # noqa: F401  (what serve() needs, imported ahead too)
+
+    try:
+        os.nice(AGENT_NICE)
+        if hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # only cycles the trainer leaves
+    except (OSError, ValueError):
+        pass
+    for name in filter(None, args.sinks.split(",")):
+        try:
+            registry.resolve(name).prepare()
+        except Exception as exc:  # the run's agent will meet (and report) the same problem when it opens the sink
+            print(f"rllog: preparing {name!r} failed: {type(exc).__name__}: {exc}", flush=True)
+    line = sys.stdin.readline()
+    log_path = Path(args.standby_log) if args.standby_log else None
+    if not line.strip():
+        if log_path is not None:
+            log_path.unlink(missing_ok=True)
+        os._exit(0)
+    assignment = json.loads(line)
+    # The trainer's environment and directory as they are now (they may have changed since the standby started).
+    console = os.environ.get(CONSOLE_FD_ENV)
+    os.environ.clear()
+    os.environ.update(assignment.get("env", {}))
+    if console is not None:
+        os.environ[CONSOLE_FD_ENV] = console
+    os.chdir(assignment.get("cwd", os.getcwd()))
+    run_log = Path(assignment["run_dir"]) / AGENT_LOG
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(run_log, "ab") as out:
+        if log_path is not None:
+            out.write(log_path.read_bytes())
+            out.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    if log_path is not None:
+        log_path.unlink(missing_ok=True)
+    if hasattr(os, "SCHED_OTHER"):  # the PriorityGovernor decides from now on (its own thread must not be idle)
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    return assignment
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllog.agent", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", nargs="?", help="the run to deliver (a standby reads it from stdin)")
     parser.add_argument("--follow", action="store_true", help="keep delivering while the journal grows, until its end marker")
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
@@ -456,20 +630,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
     parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
     parser.add_argument(
+        STANDBY_ARG,
+        action="store_true",
+        help="import the --sinks' trackers now, then read the run (run_dir, options) as one JSON line from standard input",
+    )
+    parser.add_argument("--sinks", default="", help="with --standby: the backends to prepare, comma-separated")
+    parser.add_argument("--standby-log", default=None, help="with --standby: the output before the run, moved into its agent.log")
+    parser.add_argument(
         "--system-metrics-fd", type=int, default=None, help="write samples of the trainer (--parent-pid) to this pipe"
     )
     parser.add_argument("--system-interval", type=float, default=5.0)
     args = parser.parse_args(argv)
+    if args.standby:
+        assignment = _wait_for_run(args)
+        args.run_dir, options = assignment["run_dir"], assignment.get("options")
+    elif args.run_dir is None:
+        parser.error("run_dir is required (or --standby)")
     if args.system_metrics_fd is not None and args.parent_pid is not None:
         from rllog.system_metrics import run_sampler
 
         run_sampler(args.parent_pid, args.system_metrics_fd, args.system_interval, threading.Event())
-    options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
-    # Delivery is background work: on a machine with few cores the trainer should win the CPU.
-    try:
-        os.nice(int(os.environ.get("RLLOG_AGENT_NICE", "10")))
-    except (OSError, ValueError):
-        pass
+    if not args.standby:
+        options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
+        # Delivery is background work: on a machine with few cores the trainer should win the CPU.
+        try:
+            os.nice(AGENT_NICE)
+        except (OSError, ValueError):
+            pass
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options)
     sys.stdout.flush()

@@ -49,6 +49,22 @@ class Backend:
         module, _, attr = self.target.partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    def prepare(self) -> None:
+        """What a standby agent does while a trainer is built: import the sink class, its tracker and the
+        modules its ``open`` and first writes import (the class's optional ``prepare_imports``; one this
+        tracker version lacks is skipped), then call the class's optional ``prepare()`` classmethod (which
+        may warm a cache but starts no tracker run)."""
+        cls = self.load()
+        for module in [self.requires, *getattr(cls, "prepare_imports", ())]:
+            if module:
+                try:
+                    importlib.import_module(module)
+                except ImportError:
+                    pass
+        warm = getattr(cls, "prepare", None)
+        if callable(warm):
+            warm()
+
 
 BUILTIN: dict[str, Backend] = {
     b.name: b

@@ -159,7 +159,7 @@ SYSTEM_METRICS_ENV = (
 )
 
 
-def _system_interval(system_metrics: bool | float | None) -> float | None:
+def system_interval(system_metrics: bool | float | None) -> float | None:
     """Seconds between samples of the trainer's system metrics, or None for none."""
     from rllog.system_metrics import DEFAULT_INTERVAL
 
@@ -317,7 +317,7 @@ class Run(RunBase):
                 self.run_dir,
                 {n: options.get(n, {}) for n in self._named},
                 sink_names=self._named,
-                system_interval=_system_interval(system_metrics),
+                system_interval=system_interval(system_metrics),
                 on_system=self._log_system,
             ).start()
         else:

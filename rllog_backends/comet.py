@@ -302,6 +302,7 @@ class CometSink:
     # Not durable on return: Comet queues every message for its streamer thread (online: an upload;
     # offline: a line of messages.json); flush() waits until the streamer wrote or sent them.
     capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=False)
+    prepare_imports = ("comet_ml.experiment", "comet_ml.offline_utils")  # a standby agent imports them ahead: rllog.prepare
 
     def __init__(
         self,

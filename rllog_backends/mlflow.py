@@ -238,6 +238,25 @@ class MlflowSink:
     # Durable on return: log_batch(synchronous=True), log_text and set_tag return once the store (a
     # database transaction, or the tracking server's) committed them, so flush() has nothing to add.
     capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=True)
+    # imported when the tracking store opens (a standby agent imports them ahead: rllog.prepare)
+    prepare_imports = (
+        "mlflow.store.tracking.sqlalchemy_store",
+        "mlflow.store.db.utils",
+        "alembic.command",
+        "alembic.config",
+        "alembic.runtime.migration",
+        "mlflow.entities",
+    )
+
+    @classmethod
+    def prepare(cls) -> None:
+        """Open the local SQLite tracking store ``MLFLOW_TRACKING_URI`` names (MLflow creates its tables if the
+        file is new: seconds), so the run's ``open`` finds it ready. It reads only: no experiment or run is made."""
+        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+        if uri.startswith("sqlite:"):
+            from mlflow import MlflowClient
+
+            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
     def __init__(
         self,

@@ -213,6 +213,12 @@ class TensorBoardSink:
 
     # Durable on return: every write_* call appends its events to the event file before it returns.
     capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=True)
+    prepare_imports = (  # imported by open and the first writes (a standby agent imports them ahead: rllog.prepare)
+        "tensorboard.compat.proto.event_pb2",
+        "tensorboard.plugins.hparams.summary_v2",
+        "tensorboard.plugins.text.summary_v2",
+        "tensorboard.summary.writer.record_writer",
+    )
 
     def __init__(self, logdir: str | None = None, max_cell_chars: int | None = 500, hparams: bool = True):
         self.logdir = logdir

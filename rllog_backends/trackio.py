@@ -110,6 +110,7 @@ class TrackioSink:
     # Durable on return: every write goes through trackio's storage layer, which commits the SQLite
     # transaction (or writes and closes the JSONL fragment) before it returns.
     capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=True)
+    prepare_imports = ("trackio.sqlite_storage", "trackio.fragments")  # a standby agent imports them ahead: rllog.prepare
 
     def __init__(self, project: str | None = None, name: str | None = None, group: str | None = None):
         self.project = project

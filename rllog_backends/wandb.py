@@ -266,6 +266,8 @@ class WandbSink:
     # Not durable on return: run.log hands the row to wandb's service process, which writes it later;
     # flush() waits for the service to have it.
     capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
+    # imported by wandb.init and by the first logged table (a standby agent imports them ahead: rllog.prepare)
+    prepare_imports = ("wandb.sdk.launch", "wandb.proto.wandb_internal_pb2", "pandas")
 
     def __init__(
         self,

@@ -416,7 +416,7 @@ def test_trainers_built_and_replaced_in_one_process_keep_at_most_one_agent(tiny_
             rllog_options={"health": False},
             log_completions=False,
         )
-        assert trainer.rllog_run is None and len(_agents()) <= 1  # building one starts nothing
+        assert trainer.rllog_run is None and len(_agents()) <= 1  # building one starts no run (a standby agent at most)
         trainer.train()
         infos.append(trainer.rllog_run.info)
         most_alive = max(most_alive, len(_agents()))
@@ -432,6 +432,42 @@ def test_trainers_built_and_replaced_in_one_process_keep_at_most_one_agent(tiny_
         got = read_back("parquet", tracker_dirs, info)
         assert got.status == "finished" and [s for s, _ in got.metrics["train/reward"]] == [1], info.run_dir
         assert Path(info.run_dir).name.count(info.run_id) == 1  # run_name unset: the id once in the directory name
+
+
+def test_a_trainer_built_prepares_an_agent_that_its_training_takes_and_that_goes_with_an_untrained_trainer(
+    tiny_model, tmp_path, tracker_dirs
+):
+    """Built: the agent starts (the trackers import while the model loads), with no run and no tracker files;
+    trained: the run's agent is that process; built and dropped without training: the agent exits."""
+    import gc
+    import time
+    from pathlib import Path
+
+    from rllog import agent
+
+    agent.discard_standby()
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet", "tensorboard"], log_completions=False
+    )
+    (prepared,) = _agents()
+    assert "--standby" in prepared.cmdline() and trainer.rllog_run is None
+    assert (
+        list(Path(tracker_dirs["RLLOG_DIR"]).iterdir()) == []
+        and list(Path(tracker_dirs["TENSORBOARD_LOGGING_DIR"]).iterdir()) == []
+    )
+    trainer.train()
+    assert trainer.rllog_run._agent.pid == prepared.pid
+    assert [s for s, _ in metric_series(trainer.rllog_run.run_dir)["train/reward"]] == [1, 2]
+    assert trainer.rllog_run.finish().ok
+
+    dropped = make_grpo_trainer(tiny_model, str(tmp_path / "out2"), steps=2, report_to=["parquet"], log_completions=False)
+    (waiting,) = _agents()
+    del dropped
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while _agents() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _agents() == [] and not waiting.is_running()
 
 
 RESUMABLE_GRPO = r'''

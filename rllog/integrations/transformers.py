@@ -191,6 +191,20 @@ def _release_collected_runs() -> None:
         release.finish()  # waits for the reaper if it is finishing this one already
 
 
+def prepare_agent(owner: object, report_to: Any, init_kwargs: dict) -> None:
+    """Start the delivery agent while ``owner`` (a trainer, a callback) is being built, so the trackers are
+    imported before ``train()`` (:func:`rllog.prepare`); ``owner`` collected without training releases it."""
+    from rllog import agent
+
+    try:
+        kwargs = {k: init_kwargs[k] for k in ("delivery", "system_metrics") if k in init_kwargs}
+        standby = agent.waiting_standby() if rllog.prepare(report_to, **kwargs) else None
+        if standby is not None:
+            weakref.finalize(owner, agent.release_standby, standby).atexit = False
+    except Exception as exc:  # only an optimisation: the run reports any real problem when it starts
+        log.debug("rllog: no standby agent: %s", exc)
+
+
 class RLLogCallback(TrainerCallback):
     """Sends a Trainer's logs (and config) to an rllog run.
 
@@ -227,6 +241,8 @@ class RLLogCallback(TrainerCallback):
         self._clock = _StepClock()
         self._release: _Release | None = None
         self._training = False
+        if run is None:
+            prepare_agent(self, report_to, init_kwargs)
 
     # -- the run ---------------------------------------------------------------------------------
     def start(self, args: Any, model: Any = None, state: Any = None) -> rllog.Run | rllog.NullRun:

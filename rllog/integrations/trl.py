@@ -39,7 +39,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from rllog.errors import RunFinished
-from rllog.integrations.transformers import TRAIN_PREFIX, RLLogCallback, split_report_to
+from rllog.integrations.transformers import TRAIN_PREFIX, RLLogCallback, prepare_agent, split_report_to
 
 EVAL_TABLE = "eval/completions"
 TRAIN_TABLE = "completions"
@@ -196,6 +196,8 @@ class RLLogMixin(_TrainerBase):
         ours, theirs = split_report_to(getattr(training_args, "report_to", None))
         if training_args is not None:
             training_args.report_to = [n for n in training_args.report_to if n in INTEGRATION_TO_CALLBACK]
+            # the trackers import while the model loads (rank 0 only: rllog.prepare checks)
+            prepare_agent(self, rllog_report_to if rllog_report_to is not None else (ours or None), rllog_options or {})
         _warnings_at(_caller_frame(), super().__init__, *args, **kwargs)
         if training_args is None:
             users_report_to = list(self.args.report_to or [])
