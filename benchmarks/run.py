@@ -24,13 +24,21 @@ import drain
 import end_to_end
 import harness
 import hot_path
+import long_run
 import profiles
 import scaling
 import syncs
 from harness import fmt, fmt_ratio, md_table, median, progress, ratio, verdict
 
 DOCS = harness.ROOT / "docs"
-SECTIONS = {"hot_path": hot_path, "drain": drain, "scaling": scaling, "end_to_end": end_to_end, "syncs": syncs}
+SECTIONS = {
+    "hot_path": hot_path,
+    "drain": drain,
+    "scaling": scaling,
+    "end_to_end": end_to_end,
+    "syncs": syncs,
+    "long_run": long_run,
+}
 
 
 def git_commit() -> str:
@@ -440,9 +448,10 @@ def findings(results: dict) -> list[str]:
                         f"(which is {close_share:.0%} of the writer's time)"
                     )
             out.append(
-                "Parquet tables: " + "; ".join(parts) + ". `ParquetSink.close` reads every part file back and writes them all "
-                "again as one file, when a directory holds more than 16 parts (a long run: many small files would slow every reader); "
-                "the per-table path adds `to_arrow_table` validation and the `_step`/`_seq` columns (profile below)."
+                "Parquet tables: " + "; ".join(parts) + ". Tables go to an Arrow IPC tail per table directory (appended and "
+                "committed at each flush), turned into Parquet parts at 262,144 rows and merged in tiers of four as the run goes; "
+                "`close` streams the remaining parts into one file. The per-table path adds `to_arrow_table` validation and the "
+                "`_step`/`_seq` columns (profile below)."
             )
         ranks = [r for r in results["scaling"].get("ranks", []) if "error" not in r and r["world"] > 1]
         if ranks:
@@ -552,6 +561,8 @@ def page(results: dict, meta: dict) -> str:
             syncs.render(results["syncs"]),
             "",
         ]
+    if "long_run" in results:
+        out += ["## 7. The embedded default over a long run", "", long_run.render(results["long_run"]), ""]
     if results.get("profiles"):
         out += [
             "## Where the time goes",
@@ -616,7 +627,11 @@ def write(results: dict, meta: dict, no_docs: bool) -> int:
         (DOCS / "benchmarks.md").write_text(text + "\n")
         try:
             chart(results, DOCS / "benchmarks.png")
-        except Exception as exc:  # the tables matter more than the picture
+            long = results.get("long_run", {})
+            if "result" in long:
+                long_run.plot(long["result"], long["samples"], DOCS / "benchmarks-long-run.png")
+                (DOCS / "benchmarks-long-run.md").write_text(long_run.section(long["result"], "benchmarks-long-run.png"))
+        except Exception as exc:  # the tables matter more than the pictures
             print(f"chart failed: {exc!r}", file=sys.stderr)
     print(text)
     progress(
