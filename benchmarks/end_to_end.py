@@ -409,6 +409,35 @@ def targets(results: dict) -> list[dict]:
     return out
 
 
+# What was measured while choosing how to cut the start-up and per-step cost (2026-11-24, tiny GRPO, five trackers +
+# parquet; each figure from interleaved runs on this machine). Kept as text: these were one-off experiments.
+LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + parquet):
+
+- **Where the agent's CPU goes.** Importing and opening the six trackers: ~9 s (MLflow 1.7 s import + 2.4 s creating a
+  new SQLite store, Comet 1.4 s, wandb 0.6 s import + 1.3 s `wandb.init`, trackio 0.3 s, TensorBoard 0.3 s). Then
+  ~40 ms per step, most of it the trackers' own table writes: wandb 16 ms per table (each logged `wandb.Table` is an
+  artifact, and publishing it serialises the whole run config: wandb's own path, the same with TRL's native
+  callback), MLflow 11 ms (an artifact file and a tag update, each a transaction), trackio 8 ms (`bulk_log` opens
+  two connections and runs `init_db` per call); parquet 0.1 ms.
+- **Idle CPU priority** (`SCHED_IDLE`, taken): the agent and wandb-core take only cycles training leaves; a CPU-bound
+  idle-priority process on the other core did not slow the training steps (13.3 s against 15.8 s for 240 steps,
+  within this machine's noise).
+- **Fewer, larger tracker calls** (a follower holding what it reads for up to `flush_interval`, then writing it in
+  one batch; not taken): the agent's CPU for 60 steps stayed 2.7-3.0 s (the cost is per table, not per call), and
+  `train()` grew from 4.1-4.4 s to 5.3-5.4 s, because the flush barrier at its end then waits for up to a second of
+  held records.
+- **Starting the agent early** (`rllog.prepare`, taken): imports (and MLflow's store) move to while the script
+  loads torch, TRL and the model. A fresh process, 60 steps: `train()` 10.3-10.5 s without it, 6.2-6.6 s with
+  `rllog.prepare` at the top (3.7-3.9 s with `report_to="none"`); 240 steps: 1.13-1.14x. Opening MLflow's store in
+  the standby took the 60-step `train()` from 6.4 s to 4.7 s (the flush barrier at its end from 2.07 s to 0.36 s).
+- **What is left**: ~40 ms of agent CPU per step beside a ~55 ms training step, and the first steps' tracker runs
+  opening (`wandb.init` 0.2-0.5 s, MLflow's run): the 60-step `train()` ends with a short barrier, the steps run
+  ~10% slower beside the agent. Delivery lag while training: the agent stays caught up when it has a core; when
+  training keeps every core busy it is at most ~30 s behind (`RLLOG_AGENT_LAG_MAX`: the agent then returns to
+  normal priority, nice 10, until caught up), and every tracker is caught up when `train()`/`evaluate()` return
+  (the flush barrier) and at `finish`."""
+
+
 def render_whole(results: dict) -> str:
     """Seconds per run of the start-up-included measurements, by length."""
     rows = []
@@ -505,6 +534,8 @@ def render(results: dict) -> str:
         "the model and the trainer; `process s` is the whole script):",
         "",
         render_whole(results),
+        "",
+        LEVERS,
         "",
         md_table(
             ["target", "wanted", "measured", "result"],

@@ -360,7 +360,8 @@ class Standby:
         return self.owner_pid == os.getpid() and self.proc.poll() is None
 
     def release(self) -> None:
-        """End it (closing its stdin tells it no run is coming)."""
+        """End it: closing its stdin tells it no run is coming, and it exits once its imports are done. Nothing
+        waits for that (this may run in a garbage collector's finalizer on the training thread)."""
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -369,12 +370,10 @@ class Standby:
         if self.samples_read is not None:
             os.close(self.samples_read)
             self.samples_read = None
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_path.unlink(missing_ok=True)
+        if self.proc.poll() is not None:  # died before its run (otherwise it removes its log itself)
+            self.log_path.unlink(missing_ok=True)
+        else:  # reap it when it exits, off this thread
+            threading.Thread(target=self.proc.wait, name="rllog-standby-reap", daemon=True).start()
 
 
 _standby: Standby | None = None
