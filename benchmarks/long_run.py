@@ -116,93 +116,106 @@ def completions(step: int) -> dict:
     }
 
 
+def case_long(params: dict, tmp: Path) -> dict:
+    """The measurement, in this process: ``{"result": ..., "samples": [...]}`` for ``params["steps"]`` steps."""
+    steps = params["steps"]
+    keys = [f"metric_{i:02d}" for i in range(30)]
+    run_dir = tmp / "run"
+    run = rllog.init(report_to="parquet", run_dir=run_dir, flush_interval=0.02, health=False)
+    store = run_dir / "parquet"
+    samples: list[dict] = []
+    stop = threading.Event()
+    t0 = time.monotonic()
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            pid = run._agent.pid
+            samples.append(
+                {
+                    "t": time.monotonic() - t0,
+                    "files": files_in(store),
+                    "agent_rss_mib": status_kib(pid, "VmRSS") / 1024,
+                    "delivered_seq": CursorStore(run_dir, "parquet").load().seq,
+                }
+            )
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    mid = None
+    lags: list[float] = []
+    reads: list[dict] = []
+    for step in range(steps):
+        run.log({k: step * 1e-3 + i for i, k in enumerate(keys)}, step=step)
+        if step % 10 == 0:
+            run.log_table("completions", completions(step), step=step)
+        if step % (steps // 10) == 5:  # reading mid-run, and the readability lag of a record logged
+            report = run.flush(timeout=600)  # when the agent is caught up
+            reads.append(read_ratio(run_dir, tmp) | {"t": time.monotonic() - t0, "flushed": report.ok})
+            if step > steps // 2 and mid is None:
+                mid = reads[-1]
+            target, t = run._seq + 1, time.monotonic()
+            run.log({"lag_probe": 1.0}, step=step)
+            while CursorStore(run_dir, "parquet").load().seq < target:
+                time.sleep(0.002)
+            lags.append(time.monotonic() - t)
+    logged_s = time.monotonic() - t0
+    hwm_before_close = status_kib(run._agent.pid, "VmHWM") / 1024
+    close_peak = 0.0
+
+    def watch_close() -> None:
+        nonlocal close_peak
+        pid = run._agent.pid
+        while not stop.is_set():
+            close_peak = max(close_peak, status_kib(pid, "VmHWM") / 1024)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch_close, daemon=True)
+    watcher.start()
+    report = run.finish(timeout=1800)
+    stop.set()
+    total_s = time.monotonic() - t0
+    end = read_ratio(run_dir, tmp)
+    table_rows = rllog.read_table(run_dir, "completions").num_rows
+    result = {
+        "steps": steps,
+        "metric_rows": end["rows"],
+        "table_rows": table_rows,
+        "report_ok": report.ok,
+        "logging_s": logged_s,
+        "total_s": total_s,
+        "max_files": max(s["files"] for s in samples),
+        "final_files": files_in(store),
+        "agent_peak_rss_mib": max(hwm_before_close, close_peak, *(s["agent_rss_mib"] for s in samples)),
+        "read_mid": mid,
+        "read_end": end,
+        "reads": [*reads, end | {"t": total_s}],
+        "readable_lag_s": {"max": max(lags), "median": sorted(lags)[len(lags) // 2]},
+        "lag_probes": len(lags),  # one metric row each
+    }
+    result["raw_pyarrow"] = raw_pyarrow(steps, tmp)
+    return {"result": result, "samples": samples}
+
+
+CASES = {"long": case_long}
+
+
 def main() -> int:
+    if "--worker" in sys.argv:  # as a case of benchmarks/run.py (see run())
+        from harness import worker_main
+
+        worker_main(CASES)
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--no-docs", action="store_true")
     parser.add_argument("--json", help="also write the result and the samples to this file")
     args = parser.parse_args()
-    keys = [f"metric_{i:02d}" for i in range(30)]
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        run_dir = tmp / "run"
-        run = rllog.init(report_to="parquet", run_dir=run_dir, flush_interval=0.02, health=False)
-        store = run_dir / "parquet"
-        samples: list[dict] = []
-        stop = threading.Event()
-        t0 = time.monotonic()
-
-        def sample() -> None:
-            while not stop.wait(0.1):
-                pid = run._agent.pid
-                samples.append(
-                    {
-                        "t": time.monotonic() - t0,
-                        "files": files_in(store),
-                        "agent_rss_mib": status_kib(pid, "VmRSS") / 1024,
-                        "delivered_seq": CursorStore(run_dir, "parquet").load().seq,
-                    }
-                )
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        mid = None
-        lags: list[float] = []
-        reads: list[dict] = []
-        for step in range(args.steps):
-            run.log({k: step * 1e-3 + i for i, k in enumerate(keys)}, step=step)
-            if step % 10 == 0:
-                run.log_table("completions", completions(step), step=step)
-            if step % (args.steps // 10) == 5:  # reading mid-run, and the readability lag of a record logged
-                report = run.flush(timeout=600)  # when the agent is caught up
-                reads.append(read_ratio(run_dir, tmp) | {"t": time.monotonic() - t0, "flushed": report.ok})
-                if step > args.steps // 2 and mid is None:
-                    mid = reads[-1]
-                target, t = run._seq + 1, time.monotonic()
-                run.log({"lag_probe": 1.0}, step=step)
-                while CursorStore(run_dir, "parquet").load().seq < target:
-                    time.sleep(0.002)
-                lags.append(time.monotonic() - t)
-        logged_s = time.monotonic() - t0
-        hwm_before_close = status_kib(run._agent.pid, "VmHWM") / 1024
-        close_peak = 0.0
-
-        def watch_close() -> None:
-            nonlocal close_peak
-            pid = run._agent.pid
-            while not stop.is_set():
-                close_peak = max(close_peak, status_kib(pid, "VmHWM") / 1024)
-                time.sleep(0.02)
-
-        watcher = threading.Thread(target=watch_close, daemon=True)
-        watcher.start()
-        report = run.finish(timeout=1800)
-        stop.set()
-        total_s = time.monotonic() - t0
-        end = read_ratio(run_dir, tmp)
-        table_rows = rllog.read_table(run_dir, "completions").num_rows
-        result = {
-            "steps": args.steps,
-            "metric_rows": end["rows"],
-            "table_rows": table_rows,
-            "report_ok": report.ok,
-            "logging_s": logged_s,
-            "total_s": total_s,
-            "max_files": max(s["files"] for s in samples),
-            "final_files": files_in(store),
-            "agent_peak_rss_mib": max(hwm_before_close, close_peak, *(s["agent_rss_mib"] for s in samples)),
-            "read_mid": mid,
-            "read_end": end,
-            "reads": [*reads, end | {"t": total_s}],
-            "readable_lag_s": {"max": max(lags), "median": sorted(lags)[len(lags) // 2]},
-            "lag_probes": len(lags),  # one metric row each
-        }
-        result["raw_pyarrow"] = raw_pyarrow(args.steps, tmp)
-    print(json.dumps(result, indent=1))
+        measured = case_long({"steps": args.steps}, Path(d))
+    print(json.dumps(measured["result"], indent=1))
     if args.json:
-        Path(args.json).write_text(json.dumps({"result": result, "samples": samples}))
+        Path(args.json).write_text(json.dumps(measured))
     if not args.no_docs:
-        write_docs(result, samples)
+        write_docs(measured["result"], measured["samples"])
     return 0
 
 
@@ -267,20 +280,12 @@ Before this store (a Parquet part per flush, compacted at close): 767 files at p
 
 
 def run(quick: bool, tmp: Path) -> dict:
-    """For ``benchmarks/run.py``: this script in a process of its own (20,000 steps quick, 100,000 full)."""
-    import subprocess
-
-    from harness import offline_env, progress
+    """For ``benchmarks/run.py``: the measurement in a process of its own (20,000 steps quick, 100,000 full)."""
+    from harness import progress, run_case
 
     steps = 20_000 if quick else 100_000
     progress(f"long run: {steps:,} steps through the agent into the parquet store, then raw pyarrow")
-    work = Path(tempfile.mkdtemp(prefix="long-run-", dir=tmp))
-    out = work / "result.json"
-    command = [sys.executable, str(Path(__file__).resolve()), "--steps", str(steps), "--no-docs", "--json", str(out)]
-    done = subprocess.run(command, env=offline_env(work), cwd=work, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0 or not out.exists():
-        return {"error": f"exit {done.returncode}: {done.stdout[-500:]} {done.stderr[-1500:]}"}
-    return json.loads(out.read_text())
+    return run_case(Path(__file__).resolve(), "long", {"steps": steps}, tmp, timeout=3600)
 
 
 def targets(results: dict) -> list[dict]:

@@ -629,8 +629,7 @@ def write(results: dict, meta: dict, no_docs: bool) -> int:
             chart(results, DOCS / "benchmarks.png")
             long = results.get("long_run", {})
             if "result" in long:
-                long_run.plot(long["result"], long["samples"], DOCS / "benchmarks-long-run.png")
-                (DOCS / "benchmarks-long-run.md").write_text(long_run.section(long["result"], "benchmarks-long-run.png"))
+                long_run.write_docs(long["result"], long["samples"])
         except Exception as exc:  # the tables matter more than the pictures
             print(f"chart failed: {exc!r}", file=sys.stderr)
     print(text)

@@ -570,17 +570,23 @@ def serve(
     return len([f for f in followers if f.state != SinkState.CLOSED])
 
 
+def _lower_priority(idle: bool) -> None:
+    """Delivery is background work: on a machine with few cores the trainer should win the CPU (nice
+    :data:`AGENT_NICE`; with ``idle``, this thread also at ``SCHED_IDLE``)."""
+    try:
+        os.nice(AGENT_NICE)
+        if idle and hasattr(os, "SCHED_IDLE"):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, ValueError):
+        pass
+
+
 def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
     """A standby's life before its run: import the trackers at idle priority, then read the run from stdin
     (exit quietly on end of file: the trainer went without training)."""
     from rllog import delivery, registry, rundir  # noqa: F401  (what serve() needs, imported ahead too)
 
-    try:
-        os.nice(AGENT_NICE)
-        if hasattr(os, "SCHED_IDLE"):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # only cycles the trainer leaves
-    except (OSError, ValueError):
-        pass
+    _lower_priority(idle=True)  # only cycles the trainer leaves
     for name in filter(None, args.sinks.split(",")):
         try:
             registry.resolve(name).prepare()
@@ -651,11 +657,7 @@ def main(argv: list[str] | None = None) -> int:
         run_sampler(args.parent_pid, args.system_metrics_fd, args.system_interval, threading.Event())
     if not args.standby:
         options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
-        # Delivery is background work: on a machine with few cores the trainer should win the CPU.
-        try:
-            os.nice(AGENT_NICE)
-        except (OSError, ValueError):
-            pass
+        _lower_priority(idle=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options)
     sys.stdout.flush()
