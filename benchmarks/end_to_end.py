@@ -171,6 +171,9 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
                 if counter is not None:
                     counter.start(counts)
 
+        def on_step_end(self, args, state, control, **kwargs):
+            marks["step_end"] = time.perf_counter()
+
         def on_train_end(self, args, state, control, **kwargs):
             marks["train_end"] = time.perf_counter()
             marks["cpu"].stop()
@@ -197,6 +200,7 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
         "steady_s": marks["train_end"] - step_begins[2],
         "steady_steps": len(step_begins) - 2,
         "setup_s": step_begins[0] - marks["train_begin"],
+        "tail_s": t0 + train_s - marks["step_end"],
         "agent_ready_s": agent_ready_s,
     }
     result.update(marks["cpu"].window())

@@ -5,12 +5,13 @@ trackio keeps one SQLite file per project, ``$TRACKIO_DIR/<project>.db`` (``TRAC
 ``run_id = run_info.run_id`` (so a replay resumes the same trackio run, and two rllog runs with the same
 name stay two trackio runs), then writes each batch with the storage call trackio's own background
 sender makes (``SQLiteStorage.bulk_log``; on a network filesystem, where trackio itself switches to
-JSONL fragments, ``FragmentWriter.write_local``) and returns only once the rows are committed.
+JSONL fragments, ``FragmentWriter.write_local``). Rows are held until ``flush``, which writes them in one
+call (one connection and one transaction, instead of two per step) and returns once they are committed.
 
 Why not ``Run.log``: it queues the row for a background thread that writes every 0.5 s; when that
 write fails (e.g. "database is locked") trackio only warns, once, and the batch is dropped; rows
 are stamped with the flush time, not the log time; and there is no public flush. Writing through
-the storage layer instead makes ``write_metrics`` durable when it returns, raises on failure (a
+the storage layer instead makes ``flush`` durable when it returns, raises on failure (a
 locked database becomes :class:`~rllog.errors.TransientError`, retried), and stays idempotent:
 every row carries a ``log_id`` derived from ``(run_id, seq)`` and trackio inserts with
 ``INSERT OR IGNORE`` on it, so a retried or replayed batch never duplicates a row.
@@ -107,9 +108,9 @@ class TrackioSink:
         $ trackio show --project grpo-math
     """
 
-    # Durable on return: every write goes through trackio's storage layer, which commits the SQLite
-    # transaction (or writes and closes the JSONL fragment) before it returns.
-    capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=True)
+    # Rows are held until flush(), which commits them in one storage call (trackio's bulk_log opens two
+    # connections, checks the schema and commits: per call, not per row).
+    capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
     prepare_imports = ("trackio.sqlite_storage", "trackio.fragments")  # a standby agent imports them ahead: rllog.prepare
 
     def __init__(self, project: str | None = None, name: str | None = None, group: str | None = None):
@@ -119,6 +120,7 @@ class TrackioSink:
         self._run: Any = None
         self._project = ""  # the project written to, once open
         self._last_step = 0
+        self._pending: list[tuple[dict, MetricsRecord | TableRecord | ConfigRecord]] = []  # rows held until flush
 
     def open(self, run_info: RunInfo) -> None:
         import trackio
@@ -170,7 +172,7 @@ class TrackioSink:
         self._write([({name: value}, record)])
 
     def write_config(self, record: ConfigRecord) -> None:
-        """Config given after ``open``: merged into the run's config and stored now, with an empty metrics row."""
+        """Config given after ``open``: merged into the run's config and stored at the next flush, with an empty metrics row."""
         self._run.config.update(_config_keys(record.values))
         self._config_written = False
         self._write([({}, record)])
@@ -237,11 +239,15 @@ class TrackioSink:
             )
 
     def flush(self) -> None:
-        """Nothing to do: every write is committed before it returns."""
+        """Commit the rows written since the last flush, in one storage call."""
+        if self._pending:
+            self._store(self._pending)
+            self._pending = []
 
     def close(self, status: str) -> None:
         if self._run is None:
             return
+        self.flush()
         self._store_alert(
             STATUS_TITLE.format(status=status),
             f"rllog closed this run with status {status!r}.",
@@ -254,8 +260,11 @@ class TrackioSink:
 
     # -- internals -------------------------------------------------------------------------------
     def _write(self, items: list[tuple[dict, MetricsRecord | TableRecord | ConfigRecord]]) -> None:
-        if not items:
-            return
+        self._pending.extend(items)
+        if items:
+            self._last_step = max(self._last_step, *(r.step for _, r in items))
+
+    def _store(self, items: list[tuple[dict, MetricsRecord | TableRecord | ConfigRecord]]) -> None:
         run = self._run
         metrics = [m for m, _ in items]
         steps = [r.step for _, r in items]
@@ -297,7 +306,6 @@ class TrackioSink:
                 )
             )
         self._config_written = True
-        self._last_step = max(self._last_step, *steps)
 
     @staticmethod
     def _call(fn) -> None:

@@ -365,26 +365,28 @@ def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, mo
         big = {f"m/{i:04d}": i + 0.5 for i in range(1500)}
         proxy.faults = [429]
         started = time.monotonic()
+        sink.write_metrics([rec(1, 2, big)])  # held until flush
         with pytest.raises(RateLimited):
-            sink.write_metrics([rec(1, 2, big)])
+            sink.flush()
         assert time.monotonic() - started < 5
-        # 503 after the first 1000 metrics went through: TransientError; the repeated call (the
+        # 503 after the first 1000 metrics went through: TransientError; the repeated flush (the
         # delivery layer's retry) sends only the missing 500.
         sent = proxy.log_batches
         proxy.faults = [None, 503]
         with pytest.raises(TransientError) as err:
-            sink.write_metrics([rec(1, 2, big)])
+            sink.flush()
         assert not isinstance(err.value, RateLimited)
-        sink.write_metrics([rec(1, 2, big)])
-        assert proxy.log_batches - sent == 2
+        sink.flush()
+        assert proxy.log_batches - sent == 2  # the 1000, then the 500 the 503 refused
         from mlflow import MlflowClient
 
         assert MlflowClient(mlflow_server).get_run(sink.run_id).data.metrics == big
 
         # A server that is gone: TransientError (connection refused), not a crash.
         proxy.close()
+        sink.write_metrics([rec(6, 3, {"reward": 1.0})])
         with pytest.raises(TransientError):
-            sink.write_metrics([rec(6, 3, {"reward": 1.0})])
+            sink.flush()
     finally:
         proxy.server.server_close()
 

@@ -105,14 +105,25 @@ def test_metrics_backwards_step_config_status_round_trip(tracker_dirs, tmp_path)
     ]
 
 
-def test_rows_are_durable_when_write_returns(tracker_dirs, tmp_path):
+def test_rows_are_held_until_flush_then_committed_in_one_call(tracker_dirs, tmp_path, monkeypatch):
+    from trackio.sqlite_storage import SQLiteStorage
+
+    calls = []
+    real = SQLiteStorage.bulk_log
+    monkeypatch.setattr(SQLiteStorage, "bulk_log", staticmethod(lambda **kw: calls.append(len(kw["metrics_list"])) or real(**kw)))
     info = run_info(tmp_path)
     sink = TrackioSink()
     sink.open(info)
     sink.write_metrics(records(range(3)))
-    # No flush, no close: another connection already sees the committed rows.
-    assert [r[0] for r in sql(tracker_dirs, "SELECT step FROM metrics WHERE run_id = 'r0001' ORDER BY id")] == [0, 1, 2]
+    sink.write_table(TableRecord(9, 2, T0, "completions", pa.table({"prompt": ["p"]})))
+    sink.write_metrics(records(range(3, 5), seq0=10))
+    assert calls == []  # capabilities.durable_writes is False: the delivery layer acknowledges after flush
+    sink.flush()
+    assert calls == [6]  # metrics, table and metrics: one transaction
+    # No close: another connection already sees the committed rows.
+    assert [r[0] for r in sql(tracker_dirs, "SELECT step FROM metrics WHERE run_id = 'r0001' ORDER BY id")] == [0, 1, 2, 2, 3, 4]
     sink.close("finished")
+    assert calls == [6]  # nothing left to write
 
 
 def test_nan_and_inf_as_trackio_stores_them(tracker_dirs, tmp_path):
@@ -240,14 +251,14 @@ def test_busy_database_is_transient_and_other_errors_propagate(tracker_dirs, tmp
         return real(*args, **kwargs)
 
     monkeypatch.setattr(SQLiteStorage, "bulk_log", staticmethod(flaky))
-    batch = records(range(2))
+    sink.write_metrics(records(range(2)))  # held: the storage call is made by flush
     with pytest.raises(TransientError):
-        sink.write_metrics(batch)
+        sink.flush()
     with pytest.raises(TransientError):
-        sink.write_metrics(batch)
+        sink.flush()
     with pytest.raises(sqlite3.OperationalError):
-        sink.write_metrics(batch)
-    sink.write_metrics(batch)  # the retry delivers
+        sink.flush()
+    sink.flush()  # the retry delivers
     sink.close("finished")
     back = read_back(tracker_dirs, info)
     assert back.metrics["reward"] == [(0, value(0, "reward")), (1, value(1, "reward"))]
@@ -299,8 +310,8 @@ def test_jsonl_mode_writes_fragments_that_trackio_imports(tracker_dirs, tmp_path
     assert imported.tables == {"completions": [(2, [{"a": 1}])]} and imported.config["learning_rate"] == 1e-6
 
 
-def test_config_after_open_is_stored_at_once_and_trackios_monitors_stay_off(tracker_dirs, tmp_path):
-    """``Run.update_config``: merged into the run's config row when the call returns (trackio stores config
+def test_config_after_open_is_stored_at_flush_and_trackios_monitors_stay_off(tracker_dirs, tmp_path):
+    """``Run.update_config``: merged into the run's config row at the next flush (trackio stores config
     with a metrics row: an empty one, written once however often the call is repeated). trackio's CPU/GPU
     monitors never start (they would measure the delivery process)."""
     from rllog.records import ConfigRecord
@@ -313,6 +324,7 @@ def test_config_after_open_is_stored_at_once_and_trackios_monitors_stay_off(trac
     update = ConfigRecord(2, 0, T0 + 2, {"learning_rate": 5e-7, "num_generations": 8, "_name_or_path": "tiny"})
     sink.write_config(update)
     sink.write_config(update)  # the delivery layer's retry
+    sink.flush()
     [(config,)] = sql(tracker_dirs, "SELECT config FROM configs WHERE run_id = ?", "r0001")
     stored = {k: v for k, v in json.loads(config).items() if not k.startswith("_")}
     assert stored == {"learning_rate": 5e-7, "config/_n_gpu": 1, "num_generations": 8, "config/_name_or_path": "tiny"}
