@@ -18,7 +18,7 @@ sampler is off (``x_disable_stats``: it would sample the agent; rllog sends the 
 
 **Steps.** wandb drops, with only a warning, any row whose ``step=`` is lower than the run's current
 step. rllog never passes ``step=``: wandb's own ``_step`` counts the ``log`` calls (one row per
-record), and the rllog step goes into its own key, ``rllog/step``, declared as the x-axis of every
+record, or per run of consecutive records of one step whose keys do not repeat), and the rllog step goes into its own key, ``rllog/step``, declared as the x-axis of every
 metric with ``define_metric("*", step_metric="rllog/step")`` (the same recipe as transformers'
 ``WandbCallback``). A record whose step goes back is therefore stored like any other.
 
@@ -360,15 +360,30 @@ class WandbSink:
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
-        for record in records:
-            if record.seq <= self._last_metrics_seq:  # already logged by an earlier attempt of this call
-                continue
-            if record.values:
-                row = {wandb_key(k, self.step_key): float(v) for k, v in record.values.items()}
-                row[self.step_key] = record.step
+        for row, last_seq in self._rows([r for r in records if r.seq > self._last_metrics_seq]):
+            if row:
                 with _mapped():
                     run.log(row)
-            self._last_metrics_seq = record.seq
+            self._last_metrics_seq = last_seq  # a repeated call (after an error) skips what was logged
+
+    def _rows(self, records: Sequence[MetricsRecord]) -> Iterator[tuple[dict[str, Any], int]]:
+        """History rows, each with the seq of its last record: consecutive records of one step go into one
+        row (TRL logs its profiling timings as a record each, ~9 records a step, and a ``run.log`` costs
+        ~2 ms), unless a key repeats, which starts a new row so that every value is kept."""
+        row: dict[str, Any] = {}
+        step: int | None = None
+        last_seq = -1
+        for record in records:
+            values = {wandb_key(k, self.step_key): float(v) for k, v in record.values.items()}
+            if row and (record.step != step or not values.keys().isdisjoint(row)):
+                yield row, last_seq
+                row = {}
+            if values:
+                row.update(values)
+                row[self.step_key] = step = record.step
+            last_seq = record.seq
+        if records:
+            yield row, last_seq
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()

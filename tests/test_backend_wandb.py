@@ -135,6 +135,41 @@ def test_grpo_metrics_arrive_exactly_at_their_steps_even_going_back(tracker_dirs
         assert not exit_written(cut), size
 
 
+def test_records_of_one_step_share_a_row_unless_a_key_repeats(tracker_dirs, tmp_path):
+    """TRL logs each profiling timing as its own record: consecutive records of a step become one history row
+    (one ``run.log``), and a key seen twice in a step (TRL times ``_get_per_token_logps`` twice) starts a new
+    row, so every value is kept, in order."""
+    run_info = info(tmp_path)
+    sink = WandbSink()
+    sink.open(run_info)
+    t = "profiling/Time taken: Trainer."
+    sink.write_metrics(
+        [
+            metrics(1, 7, {t + "generate": 0.5}),
+            metrics(2, 7, {t + "logps": 0.25}),
+            metrics(3, 7, {}),
+            metrics(4, 7, {t + "logps": 0.125}),  # repeats: a new row
+            metrics(5, 7, {"train/loss": 1.5, "train/reward": 0.75}),
+            metrics(6, 8, {t + "generate": 0.0625}),  # another step: a new row
+        ]
+    )
+    sink.close("finished")
+
+    back = reader.read_back(tracker_dirs, run_info)
+    assert back.metrics == {
+        t + "generate": [(7, 0.5), (8, 0.0625)],
+        t + "logps": [(7, 0.25), (7, 0.125)],
+        "train/loss": [(7, 1.5)],
+        "train/reward": [(7, 0.75)],
+    }
+    rows = history_items(raw(tracker_dirs, run_info))
+    assert [sorted(k for k in r if not k.startswith("_")) for r in rows] == [
+        ["profiling/Time taken: Trainer.generate", "profiling/Time taken: Trainer.logps", "rllog/step"],
+        ["profiling/Time taken: Trainer.logps", "rllog/step", "train/loss", "train/reward"],
+        ["profiling/Time taken: Trainer.generate", "rllog/step"],
+    ]
+
+
 def test_nan_inf_tokens_reserved_keys_and_empty_records(tracker_dirs, tmp_path):
     """NaN/inf read back: the contract suite. Here: how wandb writes them, and its own keys."""
     run_info = info(tmp_path)
