@@ -154,6 +154,9 @@ def _takes_tables(selected: list) -> bool:
 
 
 RESUME_MODES = ("allow", "must", "never")
+# The journal writer hands records to the OS at least this often, so the delivery agent works through them as they
+# come rather than in half-second bursts (the last burst was what a train()'s final flush waited for).
+JOURNAL_WRITE_INTERVAL = 0.05
 SYSTEM_METRICS_ENV = (
     "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
 )
@@ -207,8 +210,9 @@ class Run(RunBase):
     """One training run. Create it with :func:`rllog.init`.
 
     Args:
-        flush_interval: seconds. Every record reaches the journal (the OS) within half of it, and every
-            sink is flushed (its cursor moved) at least this often while records flow.
+        flush_interval: seconds. Every record reaches the journal (the OS) within half of it (at most
+            :data:`JOURNAL_WRITE_INTERVAL`), and every sink is flushed (its cursor moved) at least this often
+            while records flow; ``flush()`` asks for a flush at once.
 
     Example:
         >>> with rllog.init(report_to="parquet", project="grpo") as run:
@@ -299,7 +303,9 @@ class Run(RunBase):
         self._backpressure_warned = False
         self._monitor = _health_monitor(health)
         self._writer = JournalWriter(
-            self.run_dir, self.flush_interval / 2, next_seq=next_seq, on_written=self._check_health if self._monitor else None
+            self.run_dir,
+            min(self.flush_interval / 2, JOURNAL_WRITE_INTERVAL),
+            next_seq=next_seq, on_written=self._check_health if self._monitor else None
         )
         self._lock = threading.Lock()
         self._seq = next_seq - 1
@@ -418,7 +424,12 @@ class Run(RunBase):
         self._writer.wake()
         while self._writer.written_seq < target and time.monotonic() < deadline and self._writer.alive:
             time.sleep(0.005)
-        from rllog.delivery import CursorStore, SinkState
+        from rllog.delivery import CursorStore, SinkState, request_flush
+
+        try:
+            request_flush(self.run_dir, target)
+        except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
+            log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
 
         stores = [CursorStore(self.run_dir, n) for n in self.sink_names]
         while time.monotonic() < deadline:

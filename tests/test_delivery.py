@@ -134,6 +134,25 @@ def test_parquet_data_is_visible_during_the_run(tmp_path):
     run.finish()
 
 
+def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_catch_up(tmp_path):
+    """A flush of MLflow or trackio is a database transaction: the agent no longer flushes each time it catches
+    up with the journal (once a step in a live run), only every ``flush_interval`` and when ``Run.flush`` asks."""
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600)
+    cursor = CursorStore(tmp_path / "r", "parquet")
+    for step in range(5):
+        run.log({"reward": step / 4}, step=step)
+    run._writer.wake()
+    assert wait_until(lambda: cursor.load().state == "running", timeout=30)  # the agent's follower started
+    threading.Event().wait(1.0)  # the agent has read the five records by now (it polls every 50 ms)
+    assert cursor.load().seq == 0 and rllog.read_metrics(tmp_path / "r").num_rows == 0  # written, not yet flushed
+    report = run.flush(timeout=30)  # would wait an hour for the next timed flush without the request
+    assert report.ok and cursor.load().seq == 5
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    run.log({"reward": 2.0}, step=5)
+    assert run.flush(timeout=30).ok and cursor.load().seq == 6
+    assert run.finish().ok
+
+
 TRAINER = r"""
 import sys, time, rllog
 run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1)
