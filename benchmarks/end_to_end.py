@@ -22,6 +22,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import harness
@@ -88,8 +89,9 @@ class SyncCounter:
 class CpuClock:
     """CPU seconds over the timed window: the training thread, the rest of this process, the delivery agent."""
 
-    def __init__(self, agent_pid: int | None):
-        self.agent_pid = agent_pid
+    def __init__(self, agent_pid: Callable[[], int | None]):
+        self._agent_pid = agent_pid  # asked at start: a cold run's agent starts with train()
+        self.agent_pid: int | None = None
         self.begin: dict | None = None
         self.end: dict | None = None
 
@@ -110,6 +112,7 @@ class CpuClock:
         return sample
 
     def start(self) -> None:
+        self.agent_pid = self._agent_pid()
         self.begin = self._sample()
 
     def stop(self) -> None:
@@ -189,8 +192,14 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
         run = trainer.rllog_callback.start(trainer.args, trainer.model, trainer.state)  # what train() would do first
         run.log({"bench/warmup": 0.0}, step=0)
         agent_ready_s = harness.wait_delivered(run.run_dir, run.sink_names, 1, timeout=300, settle=harness.SETTLE_S)
-    agent = getattr(getattr(trainer, "rllog_run", None), "_agent", None)
-    marks["cpu"] = CpuClock(agent.pid if agent is not None else None)
+
+    trainer_ref = weakref.ref(trainer)
+
+    def agent_pid() -> int | None:
+        agent = getattr(getattr(trainer_ref(), "rllog_run", None), "_agent", None)
+        return agent.pid if agent is not None else None
+
+    marks["cpu"] = CpuClock(agent_pid)
     gc.collect()
     t0 = time.perf_counter()
     trainer.train()

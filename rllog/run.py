@@ -305,7 +305,8 @@ class Run(RunBase):
         self._writer = JournalWriter(
             self.run_dir,
             min(self.flush_interval / 2, JOURNAL_WRITE_INTERVAL),
-            next_seq=next_seq, on_written=self._check_health if self._monitor else None
+            next_seq=next_seq,
+            on_written=self._check_health if self._monitor else None,
         )
         self._lock = threading.Lock()
         self._seq = next_seq - 1
