@@ -22,6 +22,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
