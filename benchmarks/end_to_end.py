@@ -428,28 +428,44 @@ def targets(results: dict) -> list[dict]:
 LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + parquet):
 
 - **Where the agent's CPU goes.** Importing and opening the six trackers: ~9 s (MLflow 1.7 s import + 2.4 s creating a
-  new SQLite store, Comet 1.4 s, wandb 0.6 s import + 1.3 s `wandb.init`, trackio 0.3 s, TensorBoard 0.3 s). Then
-  ~40 ms per step, most of it the trackers' own table writes: wandb 16 ms per table (each logged `wandb.Table` is an
-  artifact, and publishing it serialises the whole run config: wandb's own path, the same with TRL's native
-  callback), MLflow 11 ms (an artifact file and a tag update, each a transaction), trackio 8 ms (`bulk_log` opens
-  two connections and runs `init_db` per call); parquet 0.1 ms.
-- **Idle CPU priority** (`SCHED_IDLE`, taken): the agent and wandb-core take only cycles training leaves; a CPU-bound
-  idle-priority process on the other core did not slow the training steps (13.3 s against 15.8 s for 240 steps,
-  within this machine's noise).
-- **Fewer, larger tracker calls** (a follower holding what it reads for up to `flush_interval`, then writing it in
-  one batch; not taken): the agent's CPU for 60 steps stayed 2.7-3.0 s (the cost is per table, not per call), and
-  `train()` grew from 4.1-4.4 s to 5.3-5.4 s, because the flush barrier at its end then waits for up to a second of
-  held records.
+  new SQLite store, Comet 1.4 s, wandb 0.6 s import + 1.3 s `wandb.init`, trackio 0.3 s, TensorBoard 0.3 s): moved
+  before `train()` by `rllog.prepare`. Then, per step (py-spy on the agent): wandb ~17 ms per table (each logged
+  `wandb.Table` is an artifact; 75% of that is wandb `fsync`ing the table's JSON in a temporary directory before
+  copying it to its staging area: wandb's own path, the same with TRL's native callback), MLflow ~5 ms per table
+  (an artifact file), trackio and MLflow a transaction per flush, parquet 0.1 ms.
+- **Idle CPU priority** (`SCHED_IDLE`, taken): the agent and wandb-core take only cycles training leaves. A CPU-bound
+  (or memory-bound) idle-priority process on the other core did not slow the training steps (within this machine's
+  noise), but the agent still does: stopping it (`SIGSTOP`) for 5 s of a 120-step run took the median step from
+  66-72 ms to 53-67 ms. What slows training is the agent's kernel work, not its CPU: an idle-priority process
+  committing to SQLite in a loop doubled the training time (4.8 s -> 9.5 s of the training thread's CPU for 120
+  steps; 100 commits/s: +6%; 20/s: nothing measurable). Pinning the agent and the trainer to different cores:
+  inconclusive (1 of 3 rounds no better).
+- **Fewer transactions** (taken): the agent made ~30 `fdatasync`s per step (MLflow: a `log_batch` and a `set_tag` per
+  step, 4 syncs each, 342 commits in 60 steps; trackio: 2 `bulk_log`s per step). MLflow and trackio now hold rows until
+  `flush()` (one `log_batch` + one `set_tag`, one `bulk_log`), and sinks are flushed every `flush_interval` or when
+  `Run.flush` asks (`delivery/flush-request`, written by the flush at the end of `train()`), not each time the agent
+  catches up (once a step): 13 MLflow and 17 trackio commits in a 60-step run. A cursor file is rewritten only when it
+  changed (it was rewritten after every write of a buffering sink: 235 of ~900 profile samples). wandb: consecutive
+  records of one step share a history row (TRL logs ~9 records a step): one `run.log` instead of nine.
+- **Fewer, larger tracker calls by holding records** (a follower holding what it reads for up to `flush_interval`;
+  not taken): the flush barrier at the end of `train()` then waited for up to a second of held records (60 steps:
+  4.1-4.4 s -> 5.3-5.4 s).
+- **Writing the journal every 50 ms** (taken; it was every `flush_interval / 2`, 0.5 s): the agent received records
+  in half-second bursts, and the flush barrier at the end of `train()` waited for the last burst (0.3-0.6 s at 60
+  steps). Now it works through each step as it comes, and the barrier waits for one step's delivery and one flush per
+  tracker: 0.12-0.26 s.
 - **Starting the agent early** (`rllog.prepare`, taken): imports (and MLflow's store) move to while the script
-  loads torch, TRL and the model. A fresh process, 60 steps: `train()` 10.3-10.5 s without it, 6.2-6.6 s with
-  `rllog.prepare` at the top (3.7-3.9 s with `report_to="none"`); 240 steps: 1.13-1.14x. Opening MLflow's store in
-  the standby took the 60-step `train()` from 6.4 s to 4.7 s (the flush barrier at its end from 2.07 s to 0.36 s).
-- **What is left**: ~40 ms of agent CPU per step beside a ~55 ms training step, and the first steps' tracker runs
-  opening (`wandb.init` 0.2-0.5 s, MLflow's run): the 60-step `train()` ends with a short barrier, the steps run
-  ~10% slower beside the agent. Delivery lag while training: the agent stays caught up when it has a core; when
-  training keeps every core busy it is at most ~30 s behind (`RLLOG_AGENT_LAG_MAX`: the agent then returns to
-  normal priority, nice 10, until caught up), and every tracker is caught up when `train()`/`evaluate()` return
-  (the flush barrier) and at `finish`."""
+  loads torch, TRL and the model; opening MLflow's store in the standby took the 60-step barrier from 2.07 s to 0.36 s.
+- **Temporary files in memory** (measured, not taken): with `TMPDIR=/dev/shm` wandb's per-table `fsync` costs nothing
+  and the 60-step `train()` was 1.00-1.32x instead of 1.23-1.91x in the same rounds; but Comet keeps a whole offline
+  run's messages in its temporary directory, so the agent cannot move every tracker's temporary files to memory by
+  default. A user can set `TMPDIR` for the training job.
+- **What is left**: the trackers' own per-step work (wandb's table artifacts first) on the other core slows the
+  training steps by ~10-20% on this 2-core VM, and the flush barrier at the end of `train()` waits ~0.15-0.25 s.
+  Delivery lag while training: the agent stays within a step of the trainer when it has a core; when training keeps
+  every core busy it is at most ~30 s behind (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority,
+  nice 10, until caught up), and every tracker is caught up when `train()`/`evaluate()` return (the flush barrier)
+  and at `finish`."""
 
 
 def render_whole(results: dict) -> str:
