@@ -427,10 +427,11 @@ def findings(results: dict) -> list[str]:
             line += (
                 f" Reading 16 records (8 steps) at a time, a sink got {calls['write_metrics']:.2f} `write_metrics`, "
                 f"{calls['write_table']:.2f} `write_table` and {calls['cursor saves']:.2f} cursor-file saves per step: "
-                "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables, so a tracker's per-call "
-                "cost for metrics (an MLflow `log_batch` is a SQLite transaction; trackio's `SQLiteStorage.bulk_log` opens a "
-                "connection and runs `init_db` per call) is paid per batch, not per step. The cursor is saved after every call, "
-                "so a killed agent repeats at most the call in flight."
+                "`Follower._deliver` gives a batch's metrics to the sink in one call, then its tables; MLflow and trackio "
+                "hold rows until `flush` (an MLflow `log_batch` is a SQLite transaction; trackio's `SQLiteStorage.bulk_log` "
+                "opens two connections and runs `init_db` per call), which the follower calls every `flush_interval` and when "
+                "`Run.flush` asks, so those costs are paid per flush, not per step. A cursor file is rewritten only when the "
+                "cursor moved (after a flush, or after a call for a sink whose writes are durable)."
             )
         out.append(line)
     if "scaling" in results:
