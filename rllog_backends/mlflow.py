@@ -357,6 +357,10 @@ class MlflowSink:
                 chunk = next(_chunks(self._pending_metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80))
                 self._client.log_batch(self.run_id, metrics=chunk, synchronous=True)
                 del self._pending_metrics[: len(chunk)]
+            # The delivery layer acknowledges up to here: an agent killed later re-sends from the next record
+            # with a new sink, whose timestamps start afresh. Starting afresh here too gives a re-sent record
+            # the timestamp it had, so MLflow stores it once.
+            self._last_timestamp = 0
             if self._pending_tables is not None:
                 self._client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, self._pending_tables, synchronous=True)
                 self._pending_tables = None

@@ -201,6 +201,25 @@ def test_same_millisecond_records_keep_their_order_and_are_not_merged(tracker_di
     assert read_back(tracker_dirs, info).metrics == {"reward": [(0, 0.0), (1, 0.5), (2, 1.0), (1, 0.5)]}
 
 
+def test_records_re_sent_after_a_killed_agent_keep_their_timestamps(tracker_dirs):
+    """An agent killed after a flush but before its cursor moved: a new sink re-sends the records after the last
+    acknowledged one. Records of one millisecond get increasing timestamps; the re-sent ones get the same again."""
+    info = make_info(tracker_dirs["tmp"])
+    first = MlflowSink()
+    first.open(info)
+    first.write_metrics([rec(1, 1, {"reward": 0.25}, t=T0), rec(2, 2, {"reward": 0.5}, t=T0)])
+    first.flush()  # acknowledged: the cursor moves to seq 2
+    first.write_metrics([rec(3, 3, {"reward": 0.75}, t=T0), rec(4, 4, {"reward": 1.0}, t=T0)])
+    first.flush()  # stored, then the agent is killed before the cursor moves
+    again = MlflowSink()
+    again.open(info)  # the same MLflow run (rllog.run_id tag)
+    again.write_metrics([rec(3, 3, {"reward": 0.75}, t=T0), rec(4, 4, {"reward": 1.0}, t=T0)])
+    again.close("finished")
+    # Each value once (re-sent ones were recognised as identical points), at its step. In timestamp order the
+    # records after the flush come first: their timestamps start afresh at the millisecond they were logged in.
+    assert sorted(read_back(tracker_dirs, info).metrics["reward"]) == [(1, 0.25), (2, 0.5), (3, 0.75), (4, 1.0)]
+
+
 # -- tables ----------------------------------------------------------------------------------------
 
 
