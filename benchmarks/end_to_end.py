@@ -474,7 +474,7 @@ def render_whole(results: dict) -> str:
     for part, label in (("whole", "one process"), ("fresh", "fresh process")):
         for run in results.get(part, {}).get("runs", []):
             if "error" in run:
-                rows.append([label, run["key"], run["steps"], run["round"], "error", "", "", ""])
+                rows.append([label, run["key"], run["steps"], run["round"], "error", "", "", "", ""])
                 continue
             rows.append(
                 [
@@ -484,12 +484,24 @@ def render_whole(results: dict) -> str:
                     run["round"],
                     run["train_s"],
                     run.get("step_median_ms"),
+                    run.get("tail_s"),
                     run.get("finish_s"),
                     run.get("process_wall_s") if part == "fresh" else "",
                 ]
             )
     return md_table(
-        ["how", "configuration", "steps", "round", "train() s", "median step ms", "finish after train() s", "process s"], rows
+        [
+            "how",
+            "configuration",
+            "steps",
+            "round",
+            "train() s",
+            "median step ms",
+            "last step -> train() returns s",
+            "finish after train() s",
+            "process s",
+        ],
+        rows,
     )
 
 
