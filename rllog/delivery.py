@@ -127,6 +127,18 @@ class Cursor:
         return cls(**known)
 
 
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file (one per thread) renamed over the old one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 class CursorStore:
     """The persisted delivery position and state of one sink of one run (``RUN_DIR/delivery/<sink>.json``)."""
 
@@ -148,15 +160,7 @@ class CursorStore:
             return Cursor()
 
     def save(self, cursor: Cursor) -> None:
-        """Write atomically (a temporary file renamed over the old one)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            tmp.write_text(json.dumps(cursor.__dict__))
-            os.replace(tmp, self.path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
+        _replace_file(self.path, json.dumps(cursor.__dict__))
 
     def acquire(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -177,15 +181,7 @@ FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: the highest s
 
 def request_flush(run_dir: str | os.PathLike, seq: int) -> None:
     """Ask every follower of the run to flush its sink as soon as it has delivered the records up to ``seq``."""
-    directory = Path(run_dir) / "delivery"
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{FLUSH_REQUEST}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        tmp.write_text(str(int(seq)))
-        os.replace(tmp, directory / FLUSH_REQUEST)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
+    _replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, str(int(seq)))
 
 
 class FlushRequest:
