@@ -361,7 +361,10 @@ class Standby:
 
     def release(self) -> None:
         """End it: closing its stdin tells it no run is coming, and it exits once its imports are done. Nothing
-        waits for that (this may run in a garbage collector's finalizer on the training thread)."""
+        waits for that (this may run in a garbage collector's finalizer on the training thread). Only the process
+        that started it does anything (a forked child holds a copy of the object, not the agent)."""
+        if self.owner_pid != os.getpid():
+            return
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -412,8 +415,7 @@ def take_standby(sink_names: list[str], system_interval: float | None) -> Standb
         return None
     if standby.alive() and standby.key == (tuple(sink_names), system_interval):
         return standby
-    if standby.owner_pid == os.getpid():
-        standby.release()
+    standby.release()
     return None
 
 
@@ -425,8 +427,7 @@ def release_standby(standby: Standby) -> None:
         if _standby is not standby or standby.owners > 0:
             return
         _standby = None
-    if standby.owner_pid == os.getpid():
-        standby.release()
+    standby.release()
 
 
 def waiting_standby() -> Standby | None:
@@ -439,7 +440,7 @@ def discard_standby() -> None:
     global _standby
     with _standby_lock:
         waiting, _standby = _standby, None
-    if waiting is not None and waiting.owner_pid == os.getpid():
+    if waiting is not None:
         waiting.release()
 
 
