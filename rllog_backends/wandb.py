@@ -202,6 +202,26 @@ def _cell(value: Any) -> Any:
     return str(value)
 
 
+@contextmanager
+def _open_unsynced(path: Any, mode: str = "w", encoding: str | None = None) -> Iterator[Any]:
+    with open(path, mode, encoding=encoding) as f:
+        yield f
+
+
+def _skip_temporary_fsync() -> None:
+    """wandb writes each logged table's JSON to a file of a temporary directory and ``fsync``s it, then copies it to
+    its staging area (no ``fsync``) and deletes it: the sync protects nothing and costs a disk flush per table, which
+    on a small machine slows the training beside the agent (docs/backends/wandb.md). Turned off (``Artifact.new_file``)
+    in the process that opens the sink: the agent's, or the trainer's with ``delivery="thread"``; a wandb without
+    this function is left as it is."""
+    try:
+        from wandb.sdk.artifacts import artifact
+    except ImportError:
+        return
+    if callable(getattr(artifact, "fsync_open", None)):
+        artifact.fsync_open = _open_unsynced
+
+
 def _clean_project(project: str) -> str:
     return re.sub(r"[/\\#?%:]", "-", project)[:MAX_PROJECT_CHARS] or "rllog"
 
@@ -313,6 +333,7 @@ class WandbSink:
         if self._run is None:
             import wandb
 
+            _skip_temporary_fsync()
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
             remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)
             identity = self.identity(run_info, remembered)

@@ -241,6 +241,28 @@ def test_tables_with_odd_cells(tracker_dirs, tmp_path):
     assert back.metrics == {"reward": [(0, 0.5)]}  # tables are not metrics
 
 
+def test_tables_cost_no_disk_sync_and_land_whole(tracker_dirs, tmp_path, monkeypatch):
+    """wandb fsyncs the temporary copy of each table it then copies to its staging area (one disk flush per table,
+    what slowed training beside the agent); the sink turns that sync off, and the tables still land exactly."""
+    import os
+
+    run_info = info(tmp_path)
+    sink = WandbSink()
+    sink.open(run_info)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    for step in range(1, 6):
+        sink.write_table(table(step, step, "completions", {"prompt": [f"{step}+1="], "reward": [step / 4]}))
+    sink.flush()
+    assert synced == []
+    monkeypatch.undo()
+    sink.close("finished")
+
+    back = reader.read_back(tracker_dirs, run_info)
+    assert back.tables["completions"] == [(s, [{"prompt": f"{s}+1=", "reward": s / 4}]) for s in range(1, 6)]
+
+
 def test_table_over_wandb_row_limit_is_split_not_truncated(tracker_dirs, tmp_path):
     run_info = info(tmp_path)
     sink = WandbSink()

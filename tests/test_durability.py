@@ -24,7 +24,7 @@ from sinks import BlockingSink, MemorySink, wait_until
 
 import rllog
 from rllog import journal
-from rllog.agent import RestartBudget
+from rllog.agent import RestartBudget, agent_cpus, trainer_cpu
 from rllog.cli import main as cli_main
 from rllog.errors import ForkedChild, InvalidArgument, InvalidStep, RunDirError
 from rllog.run import load_run_info
@@ -404,3 +404,45 @@ def test_agent_runs_at_idle_priority_and_competes_again_when_behind(tmp_path, te
     behind.log({"x": 1.0})
     assert wait_until(lambda: _policies(behind._agent.pid) == {os.SCHED_OTHER}, timeout=30)  # lag > 1 s: normal priority
     behind.finish(timeout=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_agent_keeps_off_the_cpu_the_trainer_runs_on(tmp_path, test_backends):
+    """At idle priority the agent's threads still woke on the trainer's CPU and ran between its time slices; the
+    agent (every thread) now runs on the trainer's other CPUs, and follows when the trainer moves."""
+    allowed = os.sched_getaffinity(0)
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "a", health=False)
+    run.log({"x": 1.0})
+
+    def off_the_trainers_cpu() -> bool:
+        cpu = trainer_cpu(os.getpid())
+        threads = os.listdir(f"/proc/{run._agent.pid}/task")
+        return {frozenset(os.sched_getaffinity(int(t))) for t in threads} == {frozenset(allowed - {cpu})}
+
+    deadline = time.monotonic() + 30
+    while not off_the_trainers_cpu() and time.monotonic() < deadline:
+        sum(range(100_000))  # keep this (the trainer's main) thread running on its CPU
+    assert off_the_trainers_cpu()
+    assert run.finish().ok and rllog.read_metrics(tmp_path / "a").column("value").to_pylist() == [1.0]
+
+
+def test_agent_cpus_setting_and_processes_the_agent_started(tmp_path):
+    assert agent_cpus(os.getpid(), "all") is None
+    assert agent_cpus(os.getpid(), "0") == {0}
+    assert agent_cpus(None, "auto") is None  # no trainer to keep off
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        assert agent_cpus(os.getpid(), "auto") == os.sched_getaffinity(0) - {trainer_cpu(os.getpid())}
+    # a tracker's own process (wandb-core) started by the agent is moved with it
+    script = textwrap.dedent(
+        """
+        import os, subprocess, sys
+        from rllog.agent import place
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        place({0})
+        print(sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(child.pid)))
+        child.kill()
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["[0]", "[0]"]
