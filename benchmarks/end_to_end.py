@@ -105,9 +105,21 @@ class CpuClock:
         ticks = int(fields[11]) + int(fields[12]) + ((int(fields[13]) + int(fields[14])) if children else 0)
         return ticks / os.sysconf("SC_CLK_TCK")
 
+    @staticmethod
+    def _scheduled(tid: int) -> dict:
+        """The thread's seconds waiting for a CPU while runnable, and times it was preempted (Linux schedstat)."""
+        try:
+            waited = int(open(f"/proc/self/task/{tid}/schedstat").read().split()[1]) / 1e9
+            status = open(f"/proc/self/task/{tid}/status").read()
+            preempted = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            return {}
+        return {"waited": waited, "preempted": preempted}
+
     def _sample(self) -> dict:
         main = threading.main_thread().native_id
         sample = {"process": self._ticks("/proc/self/stat"), "main": self._ticks(f"/proc/self/task/{main}/stat")}
+        sample.update(self._scheduled(main))
         if self.agent_pid is not None:
             sample["agent"] = self._ticks(f"/proc/{self.agent_pid}/stat", children=True)
         return sample
@@ -124,6 +136,8 @@ class CpuClock:
             return {}
         d = {k: self.end[k] - self.begin[k] for k in self.end}
         out = {"cpu_main_s": d["main"], "cpu_other_threads_s": d["process"] - d["main"]}
+        if "waited" in d:
+            out["main_waited_s"], out["main_preempted"] = d["waited"], d["preempted"]
         if "agent" in d:
             out["cpu_agent_s"] = d["agent"]
         return out
@@ -474,7 +488,7 @@ def render_whole(results: dict) -> str:
     for part, label in (("whole", "one process"), ("fresh", "fresh process")):
         for run in results.get(part, {}).get("runs", []):
             if "error" in run:
-                rows.append([label, run["key"], run["steps"], run["round"], "error", "", "", "", ""])
+                rows.append([label, run["key"], run["steps"], run["round"], "error", "", "", "", "", "", ""])
                 continue
             rows.append(
                 [
@@ -485,6 +499,8 @@ def render_whole(results: dict) -> str:
                     run["train_s"],
                     run.get("step_median_ms"),
                     run.get("tail_s"),
+                    run.get("main_waited_s"),
+                    run.get("main_preempted"),
                     run.get("finish_s"),
                     run.get("process_wall_s") if part == "fresh" else "",
                 ]
@@ -498,6 +514,8 @@ def render_whole(results: dict) -> str:
             "train() s",
             "median step ms",
             "last step -> train() returns s",
+            "training thread waited for a CPU s",
+            "times preempted",
             "finish after train() s",
             "process s",
         ],

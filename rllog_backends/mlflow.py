@@ -352,18 +352,22 @@ class MlflowSink:
         A chunk leaves the buffer once MLflow took it, so a flush repeated after an error resumes where
         it stopped (a repeated chunk is stored once: MLflow skips identical metric rows).
         """
+        from mlflow.entities import RunTag
+
         with _mapped_errors():
-            while self._pending_metrics:
-                chunk = next(_chunks(self._pending_metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80))
-                self._client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+            while self._pending_metrics or self._pending_tables is not None:
+                chunk = next(
+                    _chunks(self._pending_metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80), []
+                )
+                # The table list rides with the first chunk: one transaction, not two.
+                tags = [] if self._pending_tables is None else [RunTag(LOGGED_ARTIFACTS_TAG, self._pending_tables)]
+                self._client.log_batch(self.run_id, metrics=chunk, tags=tags, synchronous=True)
                 del self._pending_metrics[: len(chunk)]
+                self._pending_tables = None
             # The delivery layer acknowledges up to here: an agent killed later re-sends from the next record
             # with a new sink, whose timestamps start afresh. Starting afresh here too gives a re-sent record
             # the timestamp it had, so MLflow stores it once.
             self._last_timestamp = 0
-            if self._pending_tables is not None:
-                self._client.set_tag(self.run_id, LOGGED_ARTIFACTS_TAG, self._pending_tables, synchronous=True)
-                self._pending_tables = None
 
     def close(self, status: str) -> None:
         if self.run_id is None:

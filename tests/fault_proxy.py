@@ -15,6 +15,7 @@ class FaultProxy:
         faults: statuses for the next matching requests (None passes one through), consumed in order.
         storm: while set (a ``threading.Event``), every matching request gets 429 with ``Retry-After``.
         rejected / forwarded: counts of matching requests answered with an error / passed on.
+        paths: the path of every request, in order.
     """
 
     def __init__(self, upstream: str, fail_path: str = "runs/log-batch", retry_after: str = "30"):
@@ -23,6 +24,7 @@ class FaultProxy:
         self.storm = threading.Event()
         self.rejected = 0
         self.forwarded = 0
+        self.paths: list[str] = []
         self.lock = threading.Lock()
         proxy = self
 
@@ -40,6 +42,7 @@ class FaultProxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 matching = fail_path in self.path
                 with proxy.lock:
+                    proxy.paths.append(self.path.split("?")[0])
                     status = (
                         429 if matching and proxy.storm.is_set() else (proxy.faults.pop(0) if matching and proxy.faults else None)
                     )

@@ -365,6 +365,10 @@ def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, mo
         sink.write_metrics([rec(1, 0, values), rec(2, 1, {"reward": float("nan"), "kl": float("inf")})])
         sink.write_table(table(3, 1, "completions", {"prompt": ["p"], "completion": ["c"], "reward": [0.5]}))
         sink.write_metrics([rec(4, 0, {"reward": 7.0})])  # step goes back over REST too
+        before = len(proxy.paths)
+        sink.flush()
+        # the metrics and the table list in one transaction
+        assert [p.rsplit("/", 2)[-2:] for p in proxy.paths[before:]] == [["runs", "log-batch"]]
         sink.close("failed")
 
         env = dict(tracker_dirs, MLFLOW_TRACKING_URI=mlflow_server)
