@@ -6,7 +6,7 @@ reader, never by user code, and are never mutated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -38,6 +38,35 @@ class MetricsRecord:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "values", _frozen(self.values))
+
+
+def step_rows(
+    records: Sequence[MetricsRecord], name: Callable[[str], str] = str
+) -> Iterator[tuple[int | None, dict[str, float], int]]:
+    """``(step, values, seq of its last record)``: consecutive records of one step merged into one row, for a
+    tracker whose call costs more than its values (TRL logs each profiling timing as a record, ~9 a step), unless a
+    key repeats, which starts a new row so that every value is kept, in order. Keys go through ``name``; a row
+    without values (step None) still carries its records' seq.
+
+    Example:
+        >>> rows = step_rows([MetricsRecord(1, 7, 0.0, {"a": 1.0}), MetricsRecord(2, 7, 0.0, {"b": 2.0})])
+        >>> list(rows)
+        [(7, {'a': 1.0, 'b': 2.0}, 2)]
+    """
+    row: dict[str, float] = {}
+    step: int | None = None
+    last_seq = -1
+    for record in records:
+        values = {name(k): float(v) for k, v in record.values.items()}
+        if row and (record.step != step or not values.keys().isdisjoint(row)):
+            yield step, row, last_seq
+            row, step = {}, None
+        if values:
+            row.update(values)
+            step = record.step
+        last_seq = record.seq
+    if records:
+        yield step, row, last_seq
 
 
 @dataclass(frozen=True)

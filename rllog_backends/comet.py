@@ -57,7 +57,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors, retry_error
 from rllog_backends._conventions import Remembered, env, explicit_project, first
@@ -412,18 +412,18 @@ class CometSink:
             )
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
-        """One ``log_metrics`` per record, at the record's step (lower steps included).
+        """One ``log_metrics`` per step (consecutive records of a step together, unless a key repeats), at the
+        record's step (lower steps included).
 
         A call repeated after a failure (the delivery layer's retry) skips the records the failed
         attempt already logged: Comet keeps every point, so they would be stored twice.
         """
         experiment = self._require_open()
         with _mapped_errors():
-            for record in records:
-                if record.seq <= self._last_metrics_seq:
-                    continue
-                experiment.log_metrics({comet_name(k): v for k, v in record.values.items()}, step=record.step)
-                self._last_metrics_seq = record.seq
+            for step, values, last_seq in step_rows([r for r in records if r.seq > self._last_metrics_seq], comet_name):
+                if values:
+                    experiment.log_metrics(values, step=step)
+                self._last_metrics_seq = last_seq
 
     def write_table(self, record: TableRecord) -> None:
         """Log the table as a CSV asset at the record's step."""

@@ -58,7 +58,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
 from rllog.sink import Capabilities
 from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
 from rllog_backends._conventions import Remembered, env, explicit_name, explicit_project, first
@@ -381,30 +381,13 @@ class WandbSink:
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
-        for row, last_seq in self._rows([r for r in records if r.seq > self._last_metrics_seq]):
+        # Consecutive records of one step share a history row (a ``run.log`` costs ~2 ms).
+        todo = [r for r in records if r.seq > self._last_metrics_seq]
+        for step, row, last_seq in step_rows(todo, lambda k: wandb_key(k, self.step_key)):
             if row:
                 with _mapped():
-                    run.log(row)
+                    run.log({**row, self.step_key: step})
             self._last_metrics_seq = last_seq  # a repeated call (after an error) skips what was logged
-
-    def _rows(self, records: Sequence[MetricsRecord]) -> Iterator[tuple[dict[str, Any], int]]:
-        """History rows, each with the seq of its last record: consecutive records of one step go into one
-        row (TRL logs its profiling timings as a record each, ~9 records a step, and a ``run.log`` costs
-        ~2 ms), unless a key repeats, which starts a new row so that every value is kept."""
-        row: dict[str, Any] = {}
-        step: int | None = None
-        last_seq = -1
-        for record in records:
-            values = {wandb_key(k, self.step_key): float(v) for k, v in record.values.items()}
-            if row and (record.step != step or not values.keys().isdisjoint(row)):
-                yield row, last_seq
-                row = {}
-            if values:
-                row.update(values)
-                row[self.step_key] = step = record.step
-            last_seq = record.seq
-        if records:
-            yield row, last_seq
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()

@@ -162,6 +162,40 @@ def test_metrics_config_status_round_trip(tracker_dirs):
     assert not (Path(info.run_dir) / "comet_ml").exists()  # the session marker is gone once the zip exists
 
 
+def test_records_of_one_step_go_in_one_call_unless_a_key_repeats(tracker_dirs, monkeypatch):
+    """TRL logs each profiling timing as its own record (~9 a step): Comet gets one ``log_metrics`` per step, a
+    repeated key starting a new call, and every value lands at its step, in order."""
+    env = tracker_dirs
+    info = make_run_info(env)
+    sink = CometSink()
+    sink.open(info)
+    calls: list[tuple[int, list[str]]] = []
+    experiment = sink._require_open()
+    real = experiment.log_metrics
+    monkeypatch.setattr(
+        experiment, "log_metrics", lambda values, step: (calls.append((step, sorted(values))), real(values, step=step))
+    )
+    t = "profiling/generate"
+    sink.write_metrics(
+        [
+            MetricsRecord(seq=1, step=7, time=1.0, values={t: 0.5}),
+            MetricsRecord(seq=2, step=7, time=1.0, values={"profiling/logps": 0.25}),
+            MetricsRecord(seq=3, step=7, time=1.0, values={}),
+            MetricsRecord(seq=4, step=7, time=1.0, values={"profiling/logps": 0.125}),  # repeats: a new call
+            MetricsRecord(seq=5, step=7, time=1.0, values={"loss": 1.5}),
+            MetricsRecord(seq=6, step=8, time=1.0, values={t: 0.0625}),  # another step
+        ]
+    )
+    sink.close("finished")
+    assert calls == [
+        (7, ["profiling/generate", "profiling/logps"]),
+        (7, ["loss", "profiling/logps"]),
+        (8, ["profiling/generate"]),
+    ]
+    back = read_back("comet_ml", env, info)
+    assert back.metrics == {t: [(7, 0.5), (8, 0.0625)], "profiling/logps": [(7, 0.25), (7, 0.125)], "loss": [(7, 1.5)]}
+
+
 def test_config_limits(tracker_dirs):
     env = tracker_dirs
     long_key = "trainer/" + "k" * 120
