@@ -437,7 +437,7 @@ class Run(RunBase):
             cursors = [store.load() for store in stores]
             if all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors):
                 break
-            time.sleep(0.02)
+            time.sleep(0.005)  # a train() ends with this wait
         return report(self.run_dir, self.sink_names, upto=target)
 
     @property
