@@ -444,43 +444,43 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 
 - **Where the agent's CPU goes.** Importing and opening the six trackers: ~9 s (MLflow 1.7 s import + 2.4 s creating a
   new SQLite store, Comet 1.4 s, wandb 0.6 s import + 1.3 s `wandb.init`, trackio 0.3 s, TensorBoard 0.3 s): moved
-  before `train()` by `rllog.prepare`. Then, per step (py-spy on the agent): wandb ~17 ms per table (each logged
-  `wandb.Table` is an artifact; 75% of that is wandb `fsync`ing the table's JSON in a temporary directory before
-  copying it to its staging area: wandb's own path, the same with TRL's native callback), MLflow ~5 ms per table
-  (an artifact file), trackio and MLflow a transaction per flush, parquet 0.1 ms.
-- **Idle CPU priority** (`SCHED_IDLE`, taken): the agent and wandb-core take only cycles training leaves. A CPU-bound
-  (or memory-bound) idle-priority process on the other core did not slow the training steps (within this machine's
-  noise), but the agent still does: stopping it (`SIGSTOP`) for 5 s of a 120-step run took the median step from
-  66-72 ms to 53-67 ms. What slows training is the agent's kernel work, not its CPU: an idle-priority process
-  committing to SQLite in a loop doubled the training time (4.8 s -> 9.5 s of the training thread's CPU for 120
-  steps; 100 commits/s: +6%; 20/s: nothing measurable). Pinning the agent and the trainer to different cores:
-  inconclusive (1 of 3 rounds no better).
-- **Fewer transactions** (taken): the agent made ~30 `fdatasync`s per step (MLflow: a `log_batch` and a `set_tag` per
-  step, 4 syncs each, 342 commits in 60 steps; trackio: 2 `bulk_log`s per step). MLflow and trackio now hold rows until
-  `flush()` (one `log_batch` + one `set_tag`, one `bulk_log`), and sinks are flushed every `flush_interval` or when
-  `Run.flush` asks (`delivery/flush-request`, written by the flush at the end of `train()`), not each time the agent
-  catches up (once a step): 13 MLflow and 17 trackio commits in a 60-step run. A cursor file is rewritten only when it
-  changed (it was rewritten after every write of a buffering sink: 235 of ~900 profile samples). wandb: consecutive
-  records of one step share a history row (TRL logs ~9 records a step): one `run.log` instead of nine.
-- **Fewer, larger tracker calls by holding records** (a follower holding what it reads for up to `flush_interval`;
-  not taken): the flush barrier at the end of `train()` then waited for up to a second of held records (60 steps:
-  4.1-4.4 s -> 5.3-5.4 s).
-- **Writing the journal every 50 ms** (taken; it was every `flush_interval / 2`, 0.5 s): the agent received records
-  in half-second bursts, and the flush barrier at the end of `train()` waited for the last burst (0.3-0.6 s at 60
-  steps). Now it works through each step as it comes, and the barrier waits for one step's delivery and one flush per
-  tracker: 0.12-0.26 s.
+  before `train()` by `rllog.prepare`. Then, per step (the records of a real run replayed at 55 ms a step, one tracker
+  at a time; metrics + the completions table): parquet 1.3 + 0.7 ms, wandb 2.7 + 14.7 ms (each table is a wandb
+  artifact, as with TRL's own callback), TensorBoard 2.6 + 0.9 ms, MLflow 5.1 + 4.4 ms (a `log_batch` costs ~15 ms
+  plus ~0.1 ms a metric, most of it MLflow's latest-metrics update), trackio 2.0 + 0.5 ms, Comet 4.9 + 1.1 ms: ~40 ms
+  of the agent's CPU per ~55 ms step, on the other core.
+- **Why that slows training at idle priority.** `SCHED_IDLE` keeps the agent from taking the trainer's CPU time, but
+  (1) its threads (14 with five trackers, handing the GIL to each other ~25,000 times a second) woke on the trainer's
+  CPU and ran there between the trainer's slices: 290-720 preemptions of the training thread and 0.09-0.18 s waiting
+  for its CPU in a 60-step run (`/proc/thread-self/schedstat`); and (2) work beside it shares the machine: an
+  idle-priority process serialising a few MB of JSON in a loop raised the training thread's CPU time for the same 58
+  steps from 2.63-3.00 s to 3.01-3.53 s (a pure interpreter loop: 2.50-3.05 s), and disk syncs cost the most (an
+  idle-priority SQLite-commit loop doubled it; 100 commits/s: +6%; 20/s: nothing measurable).
+- **Off the trainer's CPU** (taken, `RLLOG_AGENT_CPUS=auto`): the agent and the processes it starts run on the
+  trainer's other CPUs, checked every second: 110-290 preemptions and 0.02-0.04 s waiting in the same rounds.
+- **Fewer disk syncs** (taken): MLflow and trackio hold rows until `flush()` (13 and 17 commits in a 60-step run
+  instead of 342 and 133; MLflow's table list now rides in the same `log_batch`: one transaction per flush); sinks
+  are flushed every `flush_interval` or when `Run.flush` asks, not each time the agent catches up; a cursor file is
+  rewritten only when it changed; wandb's `fsync` of each table's temporary copy (one per step, protecting nothing)
+  is off.
+- **Fewer tracker calls** (taken): consecutive records of one step go to wandb as one history row and to Comet as one
+  `log_metrics` (TRL logs ~9 records a step).
+- **Flushing more often** (measured, not taken): with `flush_interval=0.25` the wait at the end of `train()` was
+  0.11-0.15 s instead of 0.15-0.31 s, but the agent's CPU rose ~10% and the steps slowed: 0.94-1.33x against
+  0.98-1.17x in the same rounds. **Holding records** for up to `flush_interval` (fewer, larger calls; not taken):
+  the wait at the end then covered up to a second of records (60 steps: 4.1-4.4 s -> 5.3-5.4 s).
+- **Writing the journal every 50 ms** (taken; it was every `flush_interval / 2`, 0.5 s): the agent works through each
+  step as it comes, and the wait at the end of `train()` covers one step's delivery and one flush per tracker.
 - **Starting the agent early** (`rllog.prepare`, taken): imports (and MLflow's store) move to while the script
-  loads torch, TRL and the model; opening MLflow's store in the standby took the 60-step barrier from 2.07 s to 0.36 s.
-- **Temporary files in memory** (measured, not taken): with `TMPDIR=/dev/shm` wandb's per-table `fsync` costs nothing
-  and the 60-step `train()` was 1.00-1.32x instead of 1.23-1.91x in the same rounds; but Comet keeps a whole offline
-  run's messages in its temporary directory, so the agent cannot move every tracker's temporary files to memory by
-  default. A user can set `TMPDIR` for the training job.
-- **What is left**: the trackers' own per-step work (wandb's table artifacts first) on the other core slows the
-  training steps by ~10-20% on this 2-core VM, and the flush barrier at the end of `train()` waits ~0.15-0.25 s.
-  Delivery lag while training: the agent stays within a step of the trainer when it has a core; when training keeps
-  every core busy it is at most ~30 s behind (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority,
-  nice 10, until caught up), and every tracker is caught up when `train()`/`evaluate()` return (the flush barrier)
-  and at `finish`."""
+  loads torch, TRL and the model.
+- **Temporary files in memory** (`TMPDIR=/dev/shm`, measured before wandb's sync was turned off, not taken): Comet
+  keeps a whole offline run's messages in its temporary directory, which would then be memory.
+- **What is left**: the trackers' own work per step (~40 ms of the agent's CPU, wandb's table artifacts first) beside
+  training on a 2-core VM, and the wait at the end of `train()` (~0.15-0.25 s at 60 steps: MLflow's last `log_batch`
+  of up to a second of rows is the longest). Delivery lag while training: the agent stays within a step of the
+  trainer when it has a core; when training keeps every core busy it is at most ~30 s behind
+  (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority, nice 10, until caught up), and every tracker is
+  caught up when `train()`/`evaluate()` return (the flush barrier) and at `finish`."""
 
 
 def render_whole(results: dict) -> str:
