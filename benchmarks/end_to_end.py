@@ -459,7 +459,7 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 - **Off the trainer's CPU** (taken, `RLLOG_AGENT_CPUS=auto`): the agent and the processes it starts run on the
   trainer's other CPUs, checked every second: 110-290 preemptions and 0.02-0.04 s waiting in the same rounds.
 - **Fewer disk syncs** (taken): MLflow and trackio hold rows until `flush()` (13 and 17 commits in a 60-step run
-  instead of 342 and 133; MLflow's table list now rides in the same `log_batch`: one transaction per flush); sinks
+  instead of 342 and 133; MLflow's table list now rides in the same `log_batch`: one request per flush to a tracking server); sinks
   are flushed every `flush_interval` or when `Run.flush` asks, not each time the agent catches up; a cursor file is
   rewritten only when it changed; wandb's `fsync` of each table's temporary copy (one per step, protecting nothing)
   is off.

@@ -357,7 +357,7 @@ class MlflowSink:
         with _mapped_errors():
             while self._pending_metrics or self._pending_tables is not None:
                 chunk = next(_chunks(self._pending_metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80), [])
-                # The table list rides with the first chunk: one transaction, not two.
+                # The table list rides with the first chunk: one call (one request to a tracking server), not two.
                 tags = [] if self._pending_tables is None else [RunTag(LOGGED_ARTIFACTS_TAG, self._pending_tables)]
                 self._client.log_batch(self.run_id, metrics=chunk, tags=tags, synchronous=True)
                 del self._pending_metrics[: len(chunk)]

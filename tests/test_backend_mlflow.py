@@ -367,7 +367,7 @@ def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, mo
         sink.write_metrics([rec(4, 0, {"reward": 7.0})])  # step goes back over REST too
         before = len(proxy.paths)
         sink.flush()
-        # the metrics and the table list in one transaction
+        # the metrics and the table list in one request
         assert [p.rsplit("/", 2)[-2:] for p in proxy.paths[before:]] == [["runs", "log-batch"]]
         sink.close("failed")
 
