@@ -137,6 +137,9 @@ class NullRun(RunBase):
     def flush(self, timeout: float = 60.0) -> FinishReport:
         return FinishReport()
 
+    def request_flush(self) -> None:
+        pass
+
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
         self._finished = self._finished or FinishReport()
         return self._finished
@@ -425,13 +428,9 @@ class Run(RunBase):
         self._writer.wake()
         while self._writer.written_seq < target and time.monotonic() < deadline and self._writer.alive:
             time.sleep(0.005)
-        from rllog.delivery import CursorStore, SinkState, request_flush
+        from rllog.delivery import CursorStore, SinkState
 
-        try:
-            request_flush(self.run_dir, target)
-        except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
-            log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
-
+        self._ask_flush(target)
         stores = [CursorStore(self.run_dir, n) for n in self.sink_names]
         while time.monotonic() < deadline:
             cursors = [store.load() for store in stores]
@@ -439,6 +438,24 @@ class Run(RunBase):
                 break
             time.sleep(0.005)  # a train() ends with this wait
         return report(self.run_dir, self.sink_names, upto=target)
+
+    def request_flush(self) -> None:
+        """Ask every sink to flush what was logged so far as soon as it holds it, without waiting: a later
+        :meth:`flush` then waits for less. The Hugging Face integration asks when the last training step
+        starts, so the end of ``train()`` waits for that step's records only."""
+        with self._lock:
+            self._check_open()
+            target = self._seq
+        self._writer.wake()
+        self._ask_flush(target)
+
+    def _ask_flush(self, target: int) -> None:
+        from rllog.delivery import request_flush
+
+        try:
+            request_flush(self.run_dir, target)
+        except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
+            log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
 
     @property
     def run_id(self) -> str:

@@ -150,6 +150,10 @@ def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_ca
     assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [0.0, 0.25, 0.5, 0.75, 1.0]
     run.log({"reward": 2.0}, step=5)
     assert run.flush(timeout=30).ok and cursor.load().seq == 6
+    run.log({"reward": 3.0}, step=6)
+    run.request_flush()  # asked without waiting: flushed as soon as the follower holds the record
+    assert wait_until(lambda: cursor.load().seq == 7, timeout=30)
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist()[-1] == 3.0
     assert run.finish().ok
 
 

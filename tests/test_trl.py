@@ -11,6 +11,8 @@ pytest.importorskip("trl")
 from tiny_grpo import PROMPTS, build_tiny_model, make_grpo_trainer, reward_has_digit
 
 import rllog
+from rllog import journal
+from rllog.records import MetricsRecord
 
 GRPO_KEYS = {
     "train/" + k
@@ -361,8 +363,25 @@ def test_every_tracker_holds_every_step_when_train_and_evaluate_return(tiny_mode
     trainer = make_grpo_trainer(
         tiny_model, str(out), steps=3, report_to=["tensorboard", "parquet"], project="my-project", run_name="flush-check"
     )
+    from transformers import TrainerCallback
+
+    from rllog.delivery import FLUSH_REQUEST
+
+    asked: list[int | None] = []
+
+    class LastStepEnd(TrainerCallback):  # before the barrier at the end of train() asks for everything
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == state.max_steps:
+                request = trainer.rllog_run.run_dir / "delivery" / FLUSH_REQUEST
+                asked.append(int(request.read_text()) if request.exists() else None)
+
+    trainer.add_callback(LastStepEnd())
     trainer.train()
     run = trainer.rllog_run
+    # when the last step began, the trackers were asked to flush every record of the steps before it
+    assert asked and asked[0] is not None and 0 < asked[0] < run._seq
+    before = [r for r in journal.read_all(run.run_dir) if isinstance(r, MetricsRecord) and r.seq <= asked[0]]
+    assert {r.step for r in before} == {1, 2}
     assert (run.info.project, run.info.name) == ("my-project", "flush-check")  # TrainingArguments.project and run_name
     assert run.run_dir.name.endswith(f"-flush-check-{run.run_id}")
     (logdir,) = (out / "runs").iterdir()

@@ -344,6 +344,12 @@ class RLLogCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._clock.in_step = True
+        if state.max_steps > 0 and state.global_step == state.max_steps - 1 and self.run is not None:
+            # The last step: the trackers flush what came before it while it runs, so the flush at the end
+            # of train() waits for this step's records only.
+            request = getattr(self.run, "request_flush", None)
+            if request is not None and not self.run.finished:
+                request()
 
     def on_step_end(self, args, state, control, **kwargs):
         self._clock.in_step = False
