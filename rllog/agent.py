@@ -469,8 +469,8 @@ def agent_cpus(trainer_pid: int | None, setting: str | None = None) -> set[int] 
 
     ``auto``: every CPU the trainer may use except the one its main thread is on, if that leaves any. At idle
     priority the agent never takes a CPU from the trainer, but its threads still wake on the trainer's CPU and
-    run there between the trainer's time slices (measured: 200-440 preemptions of the training thread in a
-    60-step tiny GRPO with five trackers, 0.10-0.17 s waiting; off its CPU, 0.01-0.07 s).
+    run there between the trainer's time slices (measured: 290-720 preemptions of the training thread in a
+    60-step tiny GRPO with five trackers, 0.09-0.18 s waiting; off its CPU, 110-290 and 0.02-0.04 s).
     """
     setting = (setting if setting is not None else os.environ.get(CPUS_ENV, "auto")).strip().lower() or "auto"
     if setting == "all" or not hasattr(os, "sched_getaffinity"):
