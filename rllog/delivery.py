@@ -127,8 +127,10 @@ class Cursor:
         return cls(**known)
 
 
-def _replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file (one per thread) renamed over the old one."""
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file (one per thread) renamed over the old one, removed
+    if the write fails (a full disk). The run directory's small files (cursors, the flush request, run.json, the
+    trackers' remembered runs) are all written this way."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -160,7 +162,7 @@ class CursorStore:
             return Cursor()
 
     def save(self, cursor: Cursor) -> None:
-        _replace_file(self.path, json.dumps(cursor.__dict__))
+        replace_file(self.path, json.dumps(cursor.__dict__))
 
     def acquire(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -181,7 +183,7 @@ FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: the highest s
 
 def request_flush(run_dir: str | os.PathLike, seq: int) -> None:
     """Ask every follower of the run to flush its sink as soon as it has delivered the records up to ``seq``."""
-    _replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, str(int(seq)))
+    replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, str(int(seq)))
 
 
 class FlushRequest:

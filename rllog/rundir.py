@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rllog import journal
-from rllog.delivery import CursorStore, SinkState
+from rllog.delivery import CursorStore, SinkState, replace_file
 from rllog.errors import RunDirError
 from rllog.records import RunInfo
 
@@ -74,10 +74,7 @@ class RunFile:
         )
 
     def write(self, run_dir: str | os.PathLike) -> None:
-        path = Path(run_dir) / RUN_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1, default=str))
-        os.replace(tmp, path)
+        replace_file(Path(run_dir) / RUN_FILE, json.dumps(asdict(self), indent=1, default=str))
 
     @classmethod
     def read(cls, run_dir: str | os.PathLike) -> RunFile:
