@@ -532,7 +532,7 @@ class PriorityGovernor:
     """
 
     def __init__(self, followers: list, mode: str, trainer_pid: int | None = None):
-        self.followers, self.mode, self.trainer_pid = followers, mode, trainer_pid
+        self.followers, self.trainer_pid = followers, trainer_pid
         self.idle = False
         self.cpus: set[int] | None = None
         self._idle_mode = mode == "idle" and hasattr(os, "SCHED_IDLE")
