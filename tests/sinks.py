@@ -1,9 +1,12 @@
-"""Sinks for fault injection and for observing delivery order in tests (never to prove a tracker works)."""
+"""Sinks for fault injection and for observing delivery order in tests (never to prove a tracker works),
+and the waits and faults the tests share."""
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
+from pathlib import Path
 
 from rllog.errors import RateLimited, TransientError
 from rllog.sink import Capabilities
@@ -22,6 +25,7 @@ class MemorySink:
         self.opened = None
         self.closed_with = None
         self.flushes = 0
+        self.metric_calls = 0
         self.received = threading.Condition()
 
     def open(self, run_info):
@@ -29,6 +33,7 @@ class MemorySink:
 
     def write_metrics(self, records):
         with self.received:
+            self.metric_calls += 1
             self.metrics.extend(records)
             self.received.notify_all()
 
@@ -97,3 +102,17 @@ def wait_until(predicate, timeout: float = 60.0) -> bool:
 
 
 __all__ = ["BlockingSink", "CrashingSink", "FlakySink", "MemorySink", "RateLimited", "TransientError", "wait_until"]
+
+
+def fill(disk: Path) -> Path:
+    """Fill ``disk`` to the last byte; returns the filler to delete. Unbuffered: a buffered file would keep
+    what the full disk refused and raise again when closed."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for size in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return filler

@@ -13,7 +13,6 @@ to 4 significant digits, tables as row counts, no config), tested in tests/test_
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import math
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from readers import BACKENDS, hook, read_back
+from sinks import fill
 
 import rllog
 from rllog import registry
@@ -403,19 +403,6 @@ def small_disk(tmp_path):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to the last byte; returns the filler to delete."""
-    filler = disk / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        for size in (1 << 20, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    return filler
 
 
 def on_disk(monkeypatch, disk: Path) -> dict:
