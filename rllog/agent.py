@@ -15,6 +15,7 @@ delivery cannot go on, and stops it at ``finish``'s deadline.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -522,6 +523,45 @@ def place(cpus: set[int] | None) -> None:
             pass
 
 
+STARTUP_GC_PAUSE_MAX_SECONDS = 60.0  # the collector is back on by then even if a sink is still opening (retrying)
+
+
+class StartupHeap:
+    """No garbage collection while the trackers import and open; then their objects are frozen out of it.
+
+    Opening five trackers allocates ~700,000 long-lived objects (modules, classes, ORM mappings). With the
+    collector on, the growing heap set off 7 full collections of up to 0.45 s each (measured: 1.8 s of the
+    agent's CPU in the seconds when training starts beside it), and every later full collection walked
+    them again (0.2-0.3 s every few seconds of a run). ``gc.freeze`` moves them to the permanent generation
+    once every sink is open (or :data:`STARTUP_GC_PAUSE_MAX_SECONDS` have passed): later collections see
+    only the objects delivery makes. The startup's own garbage (~48,000 objects, a few MB, measured) stays.
+
+    Example:
+        >>> heap = StartupHeap.pause()
+        >>> heap.freeze_once(opened=True)  # in the agent's main loop
+    """
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # set when the sinks start opening (a standby may wait long before)
+        self.frozen = False
+
+    @classmethod
+    def pause(cls) -> StartupHeap:
+        gc.disable()
+        return cls()
+
+    def freeze_once(self, opened: bool) -> None:
+        """Freeze the heap and turn the collector back on, the first time every sink is ``opened`` (or too late)."""
+        if self.deadline is None:
+            self.deadline = time.monotonic() + STARTUP_GC_PAUSE_MAX_SECONDS
+        if self.frozen or not (opened or time.monotonic() > self.deadline):
+            return
+        gc.freeze()
+        gc.enable()
+        self.frozen = True
+        log.info("rllog: %d objects of the trackers' start-up frozen out of garbage collection", gc.get_freeze_count())
+
+
 class PriorityGovernor:
     """Keeps the agent at idle CPU priority (``SCHED_IDLE``: it runs only on cycles training leaves), and at
     normal priority (nice 10) while a sink is more than :data:`LAG_MAX_SECONDS` behind, so delivery lag stays bounded
@@ -592,13 +632,15 @@ def serve(
     orphan_timeout: float = 600.0,
     on_progress: Callable[[str, int], None] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
+    heap: StartupHeap | None = None,
 ) -> int:
     """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed.
 
-    ``options`` (sink name -> keyword options) override the run file's redacted copies.
+    ``options`` (sink name -> keyword options) override the run file's redacted copies. ``heap``: the
+    collector paused for the start-up, frozen and resumed here once every sink is open.
     """
     from rllog import registry
-    from rllog.delivery import Follower, RetryPolicy, SinkState
+    from rllog.delivery import POLL_INTERVAL, FlushWatcher, Follower, RetryPolicy, SinkState, live_poll_interval
     from rllog.rundir import SinkSpec, load_run_info
 
     info, run_file = load_run_info(run_dir)
@@ -626,6 +668,7 @@ def serve(
             follow=follow,
             writer_gone=parent_gone,
             flush_interval=run_file.flush_interval,
+            poll_interval=live_poll_interval(run_file.flush_interval) if follow else POLL_INTERVAL,
             retry=RetryPolicy(**run_file.retry),
             on_progress=partial(on_progress, spec.name) if on_progress else None,
         )
@@ -637,11 +680,14 @@ def serve(
                 started.join(5)
             raise
     if follow:
+        FlushWatcher(run_dir, followers).start()
         PriorityGovernor(followers, os.environ.get(PRIORITY_ENV, "idle"), parent_pid).start()
     orphaned_at = None
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:
             f.join(0.2)
+        if heap is not None:
+            heap.freeze_once(opened=all(f.sink is not None or not (f.thread and f.thread.is_alive()) for f in followers))
         if parent_gone():
             orphaned_at = orphaned_at or time.monotonic()
             if time.monotonic() - orphaned_at > orphan_timeout:
@@ -727,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--system-interval", type=float, default=5.0)
     args = parser.parse_args(argv)
+    heap = StartupHeap.pause() if args.follow or args.standby else None
     if args.standby:
         assignment = _wait_for_run(args)
         args.run_dir, options = assignment["run_dir"], assignment.get("options")
@@ -740,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
         options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
         _lower_priority(idle=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options)
+    failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options, heap=heap)
     sys.stdout.flush()
     # os._exit: a tracker's non-daemon thread (or a hung sink) must not keep the agent alive.
     os._exit(EXIT_SINKS_FAILED if failed else 0)

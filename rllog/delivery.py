@@ -23,6 +23,12 @@ a follower catches up with the journal: with SQLite-backed trackers (MLflow, tra
 transaction with several ``fdatasync``s, and one per step (measured: 340 commits in a 60-step GRPO run)
 slowed the training process on the other core.
 
+How often a follower reads the journal: at once again after a batch, and every ``poll_interval`` once it has
+caught up. A live run's followers poll every half ``flush_interval`` (:func:`live_poll_interval`: 0.5 s by
+default), so each sink takes half a second of steps in one call rather than one step per call (measured with
+five trackers: 20-22 ms of the agent's CPU per training step instead of 25-31 at 0.05 s); a flush request
+wakes them at once (:meth:`Follower.wake`, :class:`FlushWatcher`), so ``Run.flush`` waits no longer than before.
+
 A file lock (``RUN_DIR/delivery/<sink>.lock``) makes sure two deliverers never serve one sink of one run.
 """
 
@@ -65,6 +71,9 @@ class SinkState:
     BROKEN = (FAILED, GAVE_UP)
 
 
+POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
+LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see live_poll_interval)
+FLUSH_WATCH_INTERVAL = 0.05  # how often the FlushWatcher looks at the flush request
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
@@ -186,6 +195,11 @@ def request_flush(run_dir: str | os.PathLike, seq: int) -> None:
     replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, str(int(seq)))
 
 
+def live_poll_interval(flush_interval: float) -> float:
+    """A live run's follower polls every half flush interval, between :data:`POLL_INTERVAL` and :data:`LIVE_POLL_MAX`."""
+    return min(LIVE_POLL_MAX, max(POLL_INTERVAL, flush_interval / 2))
+
+
 class FlushRequest:
     """The follower's view of :func:`request_flush`: the file is read again only when it was replaced."""
 
@@ -195,14 +209,44 @@ class FlushRequest:
         self.seq = 0
 
     def read(self) -> int:
+        self.replaced()
+        return self.seq
+
+    def replaced(self) -> bool:
+        """Whether the request was written again since the last look (the seq read then)."""
         try:
             stat = os.stat(self.path)
             if (stat.st_ino, stat.st_mtime_ns) != self._seen:
                 self._seen = (stat.st_ino, stat.st_mtime_ns)
                 self.seq = max(self.seq, int(self.path.read_text()))
+                return True
         except (OSError, ValueError):
             pass
-        return self.seq
+        return False
+
+
+class FlushWatcher:
+    """Wakes the followers of a run in another process (the agent) when the trainer asks for a flush.
+
+    One thread looks at the request file every :data:`FLUSH_WATCH_INTERVAL`, so the followers can wait a
+    whole :func:`live_poll_interval` between reads of the journal without making ``Run.flush`` wait for it.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, followers: list[Follower]):
+        self.request = FlushRequest(run_dir)
+        self.request.replaced()  # a request from before this agent started is not news
+        self.followers = followers
+
+    def start(self) -> FlushWatcher:
+        threading.Thread(target=self._run, name="rllog-flush-watcher", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        while any(f.thread is not None and f.thread.is_alive() for f in self.followers):
+            if self.request.replaced():
+                for follower in self.followers:
+                    follower.wake()
+            time.sleep(FLUSH_WATCH_INTERVAL)
 
 
 def _kind(record: Any) -> str:
@@ -236,7 +280,7 @@ class Follower:
         writer_gone: Callable[[], bool] = lambda: False,
         flush_interval: float = 1.0,
         batch_size: int = 1000,
-        poll_interval: float = 0.05,
+        poll_interval: float = POLL_INTERVAL,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] | None = None,
         on_progress: Callable[[int], None] | None = None,
@@ -252,6 +296,7 @@ class Follower:
         self.poll_interval = poll_interval
         self.retry = retry or RetryPolicy()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._sleep = sleep or self._stop.wait
         self.on_progress = on_progress
         self.cursor = CursorStore(run_info.run_dir, name)
@@ -302,6 +347,11 @@ class Follower:
     def stop(self) -> None:
         """Ask the follower to stop waiting (used when the caller gives up on it)."""
         self._stop.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Read the journal now rather than at the end of the current ``poll_interval`` (a flush was asked)."""
+        self._wake.set()
 
     def run(self) -> None:
         """Deliver until the end of the journal (follow) or until what is there now is delivered."""
@@ -334,7 +384,8 @@ class Follower:
                     return
                 if not batch:
                     self.caught_up_at = time.monotonic()
-                    self._stop.wait(self.poll_interval)
+                    self._wake.wait(self.poll_interval)
+                    self._wake.clear()
         except BaseException as exc:  # never let a bug kill the thread silently
             self._fail(exc)
         finally:

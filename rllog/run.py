@@ -449,13 +449,17 @@ class Run(RunBase):
         self._writer.wake()
         self._ask_flush(target)
 
-    def _ask_flush(self, target: int) -> None:
+    def _ask_flush(self, target: int, quiet: bool = False) -> None:
+        """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``."""
         from rllog.delivery import request_flush
 
+        for follower in self._followers:
+            follower.wake()
         try:
             request_flush(self.run_dir, target)
         except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
-            log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
+            if not quiet:
+                log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
 
     @property
     def run_id(self) -> str:
@@ -498,6 +502,7 @@ class Run(RunBase):
 
     def _finish(self, status: str, deadline: float) -> FinishReport:
         self._writer.close(status, timeout=max(0.0, deadline - time.monotonic()))
+        self._ask_flush(self._seq, quiet=True)  # the followers read the end marker now, not at their next poll
         notes, cause = [], None
         stats = self._writer.stats
         if stats.unwritten or stats.unencodable:
@@ -576,7 +581,17 @@ class Run(RunBase):
         return names
 
     def _follower(self, name: str, sink: Any) -> Follower:
-        return Follower(name, sink, self.info, follow=True, flush_interval=self.flush_interval, retry=self.retry)
+        from rllog.delivery import live_poll_interval
+
+        return Follower(
+            name,
+            sink,
+            self.info,
+            follow=True,
+            flush_interval=self.flush_interval,
+            poll_interval=live_poll_interval(self.flush_interval),
+            retry=self.retry,
+        )
 
     def _run_file(self, options: dict | None = None) -> RunFile:
         options = options or {}

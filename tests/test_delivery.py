@@ -14,7 +14,7 @@ from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
 
 import rllog
 from rllog.cli import main as cli_main
-from rllog.delivery import CursorStore, RetryPolicy
+from rllog.delivery import LIVE_POLL_MAX, CursorStore, FlushWatcher, Follower, RetryPolicy, request_flush
 from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.sink_errors import parse_retry_after
 
@@ -143,7 +143,7 @@ def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_ca
         run.log({"reward": step / 4}, step=step)
     run._writer.wake()
     assert wait_until(lambda: cursor.load().state == "running", timeout=30)  # the agent's follower started
-    threading.Event().wait(1.0)  # the agent has read the five records by now (it polls every 50 ms)
+    threading.Event().wait(1.0)  # the agent has read the five records by now (it polls every 0.5 s)
     assert cursor.load().seq == 0 and rllog.read_metrics(tmp_path / "r").num_rows == 0  # written, not yet flushed
     report = run.flush(timeout=30)  # would wait an hour for the next timed flush without the request
     assert report.ok and cursor.load().seq == 5
@@ -155,6 +155,30 @@ def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_ca
     assert wait_until(lambda: cursor.load().seq == 7, timeout=30)
     assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist()[-1] == 3.0
     assert run.finish().ok
+
+
+def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush_request_wakes_it(tmp_path):
+    """Between reads a live follower waits (half the flush interval); a flush request, written by a trainer
+    in another process, wakes it through the agent's FlushWatcher. Here the wait is an hour: only the wake
+    can make the follower read, and it then takes the thirty steps in one call."""
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
+    assert run._followers[0].poll_interval == LIVE_POLL_MAX  # half the flush interval, at most 0.5 s
+    sink = MemorySink("watched")
+    follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
+    waited_since = follower.caught_up_at
+    follower.start()
+    FlushWatcher(tmp_path / "r", [follower]).start()
+    assert wait_until(lambda: follower.caught_up_at > waited_since, timeout=30)  # read the empty journal, now waits
+    for step in range(30):
+        run.log({"reward": step / 10}, step=step)
+    run._writer.wake()
+    assert wait_until(lambda: run._writer.written_seq == 30, timeout=30)
+    request_flush(tmp_path / "r", 30)  # what Run.flush in the trainer's process writes
+    assert sink.wait_for(30) and sink.seqs == list(range(1, 31))
+    assert sink.metric_calls == 1  # thirty steps, one call
+    assert wait_until(lambda: sink.flushes == 1 and CursorStore(tmp_path / "r", "watched").load().seq == 30, timeout=30)
+    assert run.finish(timeout=60).ok  # its end marker is a flush request too: the follower closes without waiting
+    assert follower.join(30) and sink.closed_with == "finished"
 
 
 TRAINER = r"""
