@@ -444,11 +444,12 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 
 - **Where the agent's CPU goes.** Importing and opening the six trackers: ~9 s (MLflow 1.7 s import + 2.4 s creating a
   new SQLite store, Comet 1.4 s, wandb 0.6 s import + 1.3 s `wandb.init`, trackio 0.3 s, TensorBoard 0.3 s): moved
-  before `train()` by `rllog.prepare`. Then, per step (the records of a real run replayed at 55 ms a step, one tracker
-  at a time; metrics + the completions table): parquet 1.3 + 0.7 ms, wandb 2.7 + 14.7 ms (each table is a wandb
-  artifact, as with TRL's own callback), TensorBoard 2.6 + 0.9 ms, MLflow 5.1 + 4.4 ms (a `log_batch` costs ~15 ms
-  plus ~0.1 ms a metric, most of it MLflow's latest-metrics update), trackio 2.0 + 0.5 ms, Comet 4.9 + 1.1 ms: ~40 ms
-  of the agent's CPU per ~55 ms step, on the other core.
+  before `train()` by `rllog.prepare`. Then, per step (the records of a real run replayed at 55 ms a step into the
+  agent with all six, metrics + the completions table, each thread's CPU read from `/proc/<pid>/task`): MLflow's
+  follower 6-14 ms (`log_batch`: ~0.15 ms a metric, ~40 metrics a step, in MLflow's SQLAlchemy store), wandb's 6-8
+  (each table is a wandb artifact, as with TRL's own callback), Comet's 2.7 plus 2-8 in Comet's own offline-writer
+  thread, TensorBoard's 2.9, trackio's 1.8, parquet's 1.3: 25-33 ms of the agent's CPU per ~55 ms step, on the other
+  core, before the two levers below that cut it to 17-22 ms.
 - **Why that slows training at idle priority.** `SCHED_IDLE` keeps the agent from taking the trainer's CPU time, but
   (1) its threads (14 with five trackers, handing the GIL to each other ~25,000 times a second) woke on the trainer's
   CPU and ran there between the trainer's slices: 290-720 preemptions of the training thread and 0.09-0.18 s waiting
@@ -465,10 +466,18 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   is off.
 - **Fewer tracker calls** (taken): consecutive records of one step go to wandb as one history row and to Comet as one
   `log_metrics` (TRL logs ~9 records a step).
+- **Reading the journal every 0.5 s** (taken; it was 50 ms): a caught-up follower of a live run waits half
+  `flush_interval` (at most 0.5 s) before it reads again, so each tracker call takes half a second of steps, and a
+  flush request wakes it at once (so the wait at the end of `train()` is not longer): 20-22 ms of the agent's CPU
+  per replayed step against 25-31 ms (0.25 s: 22; 1 s: 18.5).
+- **No garbage collection while the trackers open** (taken): opening them made ~700,000 long-lived objects, and the
+  growing heap set off 7 full collections of up to 0.45 s (1.8 s of the agent's CPU) as training started; the agent
+  pauses the collector until every sink is open, then `gc.freeze()`s those objects (a full collection after: 3 ms).
 - **Flushing more often** (measured, not taken): with `flush_interval=0.25` the wait at the end of `train()` was
   0.11-0.15 s instead of 0.15-0.31 s, but the agent's CPU rose ~10% and the steps slowed: 0.94-1.33x against
-  0.98-1.17x in the same rounds. **Holding records** for up to `flush_interval` (fewer, larger calls; not taken):
-  the wait at the end then covered up to a second of records (60 steps: 4.1-4.4 s -> 5.3-5.4 s).
+  0.98-1.17x in the same rounds. **Holding records** for up to `flush_interval` (fewer, larger calls), measured
+  before a flush request could wake the followers: the wait at the end then covered up to a second of records
+  (60 steps: 4.1-4.4 s -> 5.3-5.4 s); with the wake, half a second of holding is what was taken (above).
 - **Writing the journal every 50 ms** (taken; it was every `flush_interval / 2`, 0.5 s): the agent works through each
   step as it comes, and the wait at the end of `train()` covers one step's delivery and one flush per tracker.
 - **Asking for a flush when the last step starts** (taken, `Run.request_flush` from the HF integration): the trackers
@@ -478,12 +487,12 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   loads torch, TRL and the model.
 - **Temporary files in memory** (`TMPDIR=/dev/shm`, measured before wandb's sync was turned off, not taken): Comet
   keeps a whole offline run's messages in its temporary directory, which would then be memory.
-- **What is left**: the trackers' own work per step (~40 ms of the agent's CPU, wandb's table artifacts first) beside
+- **What is left**: the trackers' own work per step (~20 ms of the agent's CPU, MLflow's store and wandb's table artifacts first) beside
   training on a 2-core VM: on this tiny model a step takes 39-60 ms, so the agent keeps the other core about as busy
   as training keeps its own, and the steps slow by 10-30% depending on the machine's state that hour (the same
   benchmark 25 minutes apart: 240 steps 0.97x, then 1.22x); and the wait at the end of `train()` (~0.12-0.2 s).
-  With steps of seconds (a real model) the same per-step work is a few percent of a core. Delivery lag while training: the agent stays within a step of the
-  trainer when it has a core; when training keeps every core busy it is at most ~30 s behind
+  With steps of seconds (a real model) the same per-step work is a few percent of a core. Delivery lag while training: about
+  1.6 s at most (the journal's 50 ms, up to 0.5 s until the follower reads, then a flush within `flush_interval`) when the agent has a core; when training keeps every core busy it is at most ~30 s behind
   (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority, nice 10, until caught up), and every tracker is
   caught up when `train()`/`evaluate()` return (the flush barrier) and at `finish`."""
 
