@@ -480,9 +480,10 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   (60 steps: 4.1-4.4 s -> 5.3-5.4 s); with the wake, half a second of holding is what was taken (above).
 - **Writing the journal every 50 ms** (taken; it was every `flush_interval / 2`, 0.5 s): the agent works through each
   step as it comes, and the wait at the end of `train()` covers one step's delivery and one flush per tracker.
-- **Asking for a flush when the last step starts** (taken, `Run.request_flush` from the HF integration): the trackers
-  flush what came before it while the last step runs; the wait at the end of `train()` then covers the last step's
-  records (0.12-0.18 s in 4 of 5 rounds at 60 steps, against 0.15-0.31 s).
+- **Asking for a flush as the last steps start** (taken, `Run.request_flush` from the HF integration): the trackers
+  flush what came before each step while it runs; the wait at the end of `train()` then covers the last step's
+  records (at the last step alone: 0.12-0.18 s in 4 of 5 rounds at 60 steps, against 0.15-0.31 s; once the agent
+  read every 0.5 s that left half a second of steps, 0.2-0.4 s, so every step of the last second now asks: 0.08-0.19 s).
 - **Starting the agent early** (`rllog.prepare`, taken): imports (and MLflow's store) move to while the script
   loads torch, TRL and the model.
 - **Temporary files in memory** (`TMPDIR=/dev/shm`, measured before wandb's sync was turned off, not taken): Comet

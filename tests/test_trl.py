@@ -136,6 +136,40 @@ def test_eval_metrics_are_prefixed_and_none_becomes_nan(tmp_path):
     assert math.isnan(series["eval/reward"][0][1]) and "note" not in series and "train/note" not in series
 
 
+def test_the_steps_of_the_last_second_of_training_ask_the_trackers_to_flush(tmp_path):
+    """The agent reads the journal every half second: asked only at the last step, it still had up to half a second
+    of steps (and MLflow a second of rows) to deliver when train() ended. Every step of the last second asks."""
+    import time
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from rllog.delivery import FLUSH_REQUEST
+    from rllog.integrations.transformers import RLLogCallback
+
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "run")
+    cb = RLLogCallback(run=run)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    state = TrainerState()
+    state.max_steps = 100
+    request = tmp_path / "run" / "delivery" / FLUSH_REQUEST
+
+    def asks(done: int, seconds: float) -> bool:
+        """Whether the step after ``done`` steps, ``seconds`` after train() began, asks for a flush."""
+        request.unlink(missing_ok=True)
+        cb._train_started = (time.monotonic() - seconds, 0)
+        state.global_step = done
+        run.log({"x": float(done)}, step=done)
+        cb.on_step_begin(args, state, TrainerControl())
+        return request.exists() and int(request.read_text()) == run._seq
+
+    assert asks(95, 9.5)  # 0.1 s a step, five steps left: 0.5 s
+    assert not asks(50, 5.0)  # 5 s left
+    assert not asks(90, 900.0)  # 10 s a step: only the last step asks
+    assert asks(99, 990.0)
+    assert not asks(100, 10.0)  # training is over
+    assert run.finish().ok
+
+
 def test_train_prefix_can_be_dropped(tmp_path):
     from transformers import TrainerControl, TrainerState, TrainingArguments
 

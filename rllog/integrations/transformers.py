@@ -32,6 +32,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import weakref
 from datetime import datetime
 from typing import Any
@@ -58,6 +59,10 @@ PREFIXES = {"eval_": "eval/", "test_": "test/"}
 TRAIN_PREFIX = "train/"
 # The key, in TrainerState.stateful_callbacks (saved in every checkpoint's trainer_state.json), of the run to resume.
 STATE_KEY = "rllog"
+# Over the last this-many seconds of train() (estimated from the steps so far) every step asks the trackers to flush
+# what came before it: the agent reads the journal only every half second otherwise, so at the end of train() it
+# would still hold up to that much to deliver, and MLflow and trackio up to flush_interval of rows to commit.
+END_FLUSH_LEAD_SECONDS = 1.0
 DEFAULT_PROJECT = "huggingface"  # TrainingArguments.project's default, and the wandb project transformers uses by default
 
 
@@ -241,6 +246,7 @@ class RLLogCallback(TrainerCallback):
         self._clock = _StepClock()
         self._release: _Release | None = None
         self._training = False
+        self._train_started: tuple[float, int] | None = None  # (monotonic time, global_step) when train() began
         if run is None:
             prepare_agent(self, report_to, init_kwargs)
 
@@ -334,6 +340,7 @@ class RLLogCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._clock.state = state
         self._training = True
+        self._train_started = (time.monotonic(), state.global_step)
         if state.is_world_process_zero:
             self.start(args, model, state)
         if self.run is not None:
@@ -344,12 +351,23 @@ class RLLogCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._clock.in_step = True
-        if state.max_steps > 0 and state.global_step == state.max_steps - 1 and self.run is not None:
-            # The last step: the trackers flush what came before it while it runs, so the flush at the end
-            # of train() waits for this step's records only.
+        if self.run is not None and not self.run.finished and self._near_the_end(state):
+            # The trackers flush what came before this step while it runs, so the flush at the end of train()
+            # waits for the last step's records only.
             request = getattr(self.run, "request_flush", None)
-            if request is not None and not self.run.finished:
+            if request is not None:
                 request()
+
+    def _near_the_end(self, state: Any) -> bool:
+        """The last step, or one of the steps of the last :data:`END_FLUSH_LEAD_SECONDS` of training."""
+        left = state.max_steps - state.global_step
+        if state.max_steps <= 0 or left <= 0:
+            return False
+        if left == 1 or self._train_started is None:
+            return left == 1
+        started, first_step = self._train_started
+        done = state.global_step - first_step
+        return done > 0 and left * (time.monotonic() - started) / done <= END_FLUSH_LEAD_SECONDS
 
     def on_step_end(self, args, state, control, **kwargs):
         self._clock.in_step = False
