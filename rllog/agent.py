@@ -556,10 +556,11 @@ class StartupHeap:
             self.deadline = time.monotonic() + STARTUP_GC_PAUSE_MAX_SECONDS
         if self.frozen or not (opened or time.monotonic() > self.deadline):
             return
+        made = gc.get_count()[0]  # objects made (net) since the pause; get_freeze_count() would walk them all
         gc.freeze()
         gc.enable()
         self.frozen = True
-        log.info("rllog: %d objects of the trackers' start-up frozen out of garbage collection", gc.get_freeze_count())
+        log.info("rllog: %d objects of the trackers' start-up frozen out of garbage collection", made)
 
 
 class PriorityGovernor:
