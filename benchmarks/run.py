@@ -362,7 +362,7 @@ def findings(results: dict) -> list[str]:
             if end_to_end.round_ratios(results["end_to_end"], "c")
             else ratio(c["steady_s"], a["steady_s"])
         )
-        line = f'End to end: the mixin with six trackers makes the tiny GRPO run {rc:.2f}x slower than `report_to="none"`'
+        line = f'End to end, steady steps: the tiny GRPO run with the mixin and six trackers takes {rc:.2f}x the time of `report_to="none"`'
         agent_ms = fmt((c.get("cpu_agent_s") or math.nan) * 1e3 / (results["end_to_end"]["steps"] - 2), 0)
         if cp:
             rp_rounds = end_to_end.round_ratios(results["end_to_end"], "cp")
