@@ -51,6 +51,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from rllog.errors import RateLimited, SinkBusy, TransientError
+from rllog.files import replace_file
 from rllog.journal import Damage, End, JournalReader
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import MetricSink
@@ -134,20 +135,6 @@ class Cursor:
     def from_dict(cls, data: dict) -> Cursor:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
-
-
-def replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file (one per thread) renamed over the old one, removed
-    if the write fails (a full disk). The run directory's small files (cursors, the flush request, run.json, the
-    trackers' remembered runs) are all written this way."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class CursorStore:

@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from rllog import journal
-from rllog.delivery import CursorStore, SinkState, replace_file
+from rllog.delivery import CursorStore, SinkState
 from rllog.errors import RunDirError
+from rllog.files import replace_file
 from rllog.records import RunInfo
 
 RUN_FILE = "run.json"

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rllog.files import replace_file
 from rllog.records import RunInfo
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,7 @@ class Remembered:
         if merged == self.values and self.path.is_file():
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**merged, RUN_ID_KEY: self.run_id}, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            replace_file(self.path, json.dumps({**merged, RUN_ID_KEY: self.run_id}, indent=1, sort_keys=True))
             self.values = merged
         except OSError as exc:
             log.warning("rllog: cannot write %s (a later session decides its tracker run again): %s", self.path, exc)

@@ -36,11 +36,11 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
@@ -180,7 +180,7 @@ class DVCLiveSink:
         data = [[_cell(row.get(c)) for c in record.table.column_names] for row in record.table.to_pylist()]
         text = json.dumps({"columns": columns, "data": data}, ensure_ascii=False, allow_nan=False)
         with map_errors("dvclive"):
-            _write_atomic(target, text)
+            replace_file(target, text)
 
     def write_config(self, record: ConfigRecord) -> None:
         """Config given after ``open`` (``Run.update_config``), merged into ``params.yaml``."""
@@ -215,15 +215,3 @@ def _cut_back(path: Path, size: int | None) -> None:
             os.truncate(path, size)
     except OSError:
         log.warning("rllog: could not cut %s back after a failed write", path)
-
-
-def _write_atomic(target: Path, text: str) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
