@@ -531,8 +531,8 @@ class StartupHeap:
 
     Opening five trackers allocates ~700,000 long-lived objects (modules, classes, ORM mappings). With the
     collector on, the growing heap set off 7 full collections of up to 0.45 s each (measured: 1.8 s of the
-    agent's CPU in the seconds when training starts beside it), and every later full collection walked
-    them again (0.2-0.3 s every few seconds of a run). ``gc.freeze`` moves them to the permanent generation
+    agent's CPU in the seconds when training starts beside it), and any later full collection would walk
+    them all again. ``gc.freeze`` moves them to the permanent generation
     once every sink is open (or :data:`STARTUP_GC_PAUSE_MAX_SECONDS` have passed): later collections see
     only the objects delivery makes. The startup's own garbage (~48,000 objects, a few MB, measured) stays.
 
