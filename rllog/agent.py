@@ -681,7 +681,7 @@ def serve(
                 started.join(5)
             raise
     if follow:
-        FlushWatcher(run_dir, followers).start()
+        FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
         PriorityGovernor(followers, os.environ.get(PRIORITY_ENV, "idle"), parent_pid).start()
     orphaned_at = None
     while any(f.thread is not None and f.thread.is_alive() for f in followers):

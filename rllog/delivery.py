@@ -213,24 +213,28 @@ class FlushRequest:
 
 
 class FlushWatcher:
-    """Wakes the followers of a run in another process (the agent) when the trainer asks for a flush.
+    """Wakes the followers of a run in another process (the agent) when the trainer asks for a flush, and when
+    the trainer is gone (``writer_gone``).
 
     One thread looks at the request file every :data:`FLUSH_WATCH_INTERVAL`, so the followers can wait a
     whole :func:`live_poll_interval` between reads of the journal without making ``Run.flush`` wait for it.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, followers: list[Follower]):
+    def __init__(self, run_dir: str | os.PathLike, followers: list[Follower], writer_gone: Callable[[], bool] = lambda: False):
         self.request = FlushRequest(run_dir)
         self.request.replaced()  # a request from before this agent started is not news
         self.followers = followers
+        self.writer_gone = writer_gone
 
     def start(self) -> FlushWatcher:
         threading.Thread(target=self._run, name="rllog-flush-watcher", daemon=True).start()
         return self
 
     def _run(self) -> None:
+        gone = False
         while any(f.thread is not None and f.thread.is_alive() for f in self.followers):
-            if self.request.replaced():
+            if self.request.replaced() or (not gone and self.writer_gone()):
+                gone = gone or self.writer_gone()
                 for follower in self.followers:
                     follower.wake()
             time.sleep(FLUSH_WATCH_INTERVAL)
@@ -354,6 +358,10 @@ class Follower:
             while not self._stop.is_set():
                 gone = self.writer_gone()
                 batch = reader.read(self.batch_size, final=gone or not self.follow)
+                if gone and self.follow:
+                    batch, superseded = self._own_attempts(batch)
+                    if superseded:  # what follows belongs to the resumed run's agent
+                        batch.append(End(status="killed", time=time.time()))
                 end = next((r for r in batch if isinstance(r, End) and r.ends_run(self.run_info.run_dir)), None)
                 records = [r for r in batch if not isinstance(r, End)]
                 if records and not self._deliver(records):
@@ -383,6 +391,23 @@ class Follower:
                 pass
 
     # -- internals -------------------------------------------------------------------------------
+    def _own_attempts(self, batch: list) -> tuple[list, bool]:
+        """``batch`` without the records of an attempt that started after this follower's (the trainer died and
+        the run was resumed, appending to the same journal), and whether any were cut. A deliverer of the dead
+        attempt would otherwise write them with the old attempt's run info (TensorBoard would not mark the
+        restart); the resumed run's agent delivers them once this one lets go of the sink."""
+        from rllog.rundir import RunFile
+
+        try:
+            starts = [a["first_seq"] for a in RunFile.read(self.run_info.run_dir).attempts]
+        except Exception:  # no readable run file: nothing says a later attempt exists
+            return batch, False
+        later = [seq for seq in starts if seq > max(self.run_info.attempt_starts)]
+        if not later:
+            return batch, False
+        kept = [r for r in batch if isinstance(r, End) or r.seq < min(later)]
+        return kept, len(kept) < len(batch)
+
     def _flush_asked(self) -> bool:
         """A ``Run.flush`` waits for records this follower has delivered but not yet flushed."""
         asked = self._flush_request.read()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,8 +12,10 @@ import pytest
 import readers.mlflow
 import readers.wandb
 from readers import read_back
+from sinks import wait_until
 
 import rllog
+from rllog.delivery import CursorStore
 from rllog.errors import InvalidArgument, RunDirError
 from rllog.run import load_run_info
 
@@ -26,6 +29,36 @@ run.flush(timeout=60)
 print(run.run_id, flush=True)
 time.sleep(600)
 """
+
+
+@pytest.mark.slow
+def test_the_dead_attempts_agent_leaves_the_resumed_attempts_records_to_the_new_agent(tmp_path, tracker_dirs):
+    """The first attempt's agent, stopped when its trainer is killed, wakes up after the resumed run has written
+    to the same journal: it must not deliver those records as its own (TensorBoard would then show the first
+    attempt's superseded points), only close its sinks; the resumed run's agent delivers them."""
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ATTEMPT_ONE, str(run_dir), "parquet,tensorboard"], stdout=subprocess.PIPE, text=True
+    )
+    proc.stdout.readline()
+    old_agent = CursorStore(run_dir, "tensorboard").load().pid
+    os.kill(old_agent, signal.SIGSTOP)  # a real pause: the agent misses its trainer's death until SIGCONT
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    run = rllog.init(report_to="parquet,tensorboard", run_dir=run_dir, resume="allow", flush_interval=0.05, health=False)
+    for step in range(50, 150):
+        run.log({"loss": float(step) + 0.5, "attempt": 2.0}, step=step)
+    run._writer.wake()
+    assert wait_until(lambda: run._writer.written_seq == run._seq, timeout=30)  # in the journal before the old agent wakes
+    os.kill(old_agent, signal.SIGCONT)
+    report = run.finish(timeout=120)
+    assert report.ok, str(report)
+    info = load_run_info(run_dir)[0]
+    assert read_back("tensorboard", tracker_dirs, info).metrics["loss"] == [(s, float(s)) for s in range(50)] + [
+        (s, s + 0.5) for s in range(50, 150)
+    ]
+    losses = [(r["step"], r["value"]) for r in rllog.read_metrics(run_dir).to_pylist() if r["key"] == "loss"]
+    assert losses == [(s, float(s)) for s in range(50)] + [(s, s + 0.5) for s in range(50, 150)]
 
 
 @pytest.mark.slow
