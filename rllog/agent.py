@@ -653,6 +653,9 @@ def serve(
     def parent_gone() -> bool:
         return parent_pid is not None and os.getppid() != parent_pid
 
+    def attempt_starts() -> tuple[int, ...]:
+        return load_run_info(run_dir)[0].attempt_starts
+
     if follow:
         place(agent_cpus(parent_pid))  # before the trackers start their threads and processes, which inherit it
     followers = []
@@ -668,6 +671,7 @@ def serve(
             info,
             follow=follow,
             writer_gone=parent_gone,
+            attempt_starts=attempt_starts,
             flush_interval=run_file.flush_interval,
             poll_interval=live_poll_interval(run_file.flush_interval) if follow else POLL_INTERVAL,
             retry=RetryPolicy(**run_file.retry),

@@ -257,6 +257,8 @@ class Follower:
         follow: keep reading while the journal grows until its end marker (or until ``writer_gone``
             says no writer is left); otherwise deliver what is there now and close.
         writer_gone: returns True once the process writing the journal is dead.
+        attempt_starts: the first seq of each of the run's attempts as they are now (``run.json``: a resumed run
+            adds one). Once the writer is gone the follower delivers nothing from a later attempt than its own.
         flush_interval: the sink's ``flush`` is called at least this often while records flow (and
             the cursor of a sink that buffers moves then); sooner when ``Run.flush`` asks (:func:`request_flush`).
     """
@@ -269,6 +271,7 @@ class Follower:
         *,
         follow: bool = True,
         writer_gone: Callable[[], bool] = lambda: False,
+        attempt_starts: Callable[[], tuple[int, ...]] | None = None,
         flush_interval: float = 1.0,
         batch_size: int = 1000,
         poll_interval: float = POLL_INTERVAL,
@@ -282,6 +285,7 @@ class Follower:
         self.run_info = run_info
         self.follow = follow
         self.writer_gone = writer_gone
+        self.attempt_starts = attempt_starts
         self.flush_interval = flush_interval
         self.batch_size = batch_size
         self.poll_interval = poll_interval
@@ -396,10 +400,10 @@ class Follower:
         the run was resumed, appending to the same journal), and whether any were cut. A deliverer of the dead
         attempt would otherwise write them with the old attempt's run info (TensorBoard would not mark the
         restart); the resumed run's agent delivers them once this one lets go of the sink."""
-        from rllog.rundir import RunFile
-
+        if self.attempt_starts is None:
+            return batch, False
         try:
-            starts = [a["first_seq"] for a in RunFile.read(self.run_info.run_dir).attempts]
+            starts = self.attempt_starts()
         except Exception:  # no readable run file: nothing says a later attempt exists
             return batch, False
         later = [seq for seq in starts if seq > max(self.run_info.attempt_starts)]
