@@ -14,8 +14,8 @@ from pathlib import Path
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file (one per thread) renamed over the old one, removed
-    if the write fails (a full disk).
+    """Write ``text`` (UTF-8) to ``path`` atomically: a temporary file (one per thread) renamed over the old one,
+    removed if the write fails (a full disk) or is interrupted.
 
     Example:
         >>> replace_file(Path(run_dir) / "delivery" / "flush-request", "42")  # doctest: +SKIP
@@ -23,8 +23,8 @@ def replace_file(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except OSError:
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
