@@ -691,7 +691,7 @@ def serve(
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:
             f.join(0.2)
-        if heap is not None:
+        if heap is not None and not heap.frozen:
             heap.freeze_once(opened=all(f.sink is not None or not (f.thread and f.thread.is_alive()) for f in followers))
         if parent_gone():
             orphaned_at = orphaned_at or time.monotonic()

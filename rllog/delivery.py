@@ -233,8 +233,9 @@ class FlushWatcher:
     def _run(self) -> None:
         gone = False
         while any(f.thread is not None and f.thread.is_alive() for f in self.followers):
-            if self.request.replaced() or (not gone and self.writer_gone()):
-                gone = gone or self.writer_gone()
+            just_gone = not gone and self.writer_gone()
+            gone = gone or just_gone
+            if self.request.replaced() or just_gone:
                 for follower in self.followers:
                     follower.wake()
             time.sleep(FLUSH_WATCH_INTERVAL)

@@ -441,8 +441,8 @@ class Run(RunBase):
 
     def request_flush(self) -> None:
         """Ask every sink to flush what was logged so far as soon as it holds it, without waiting: a later
-        :meth:`flush` then waits for less. The Hugging Face integration asks when the last training step
-        starts, so the end of ``train()`` waits for that step's records only."""
+        :meth:`flush` then waits for less. The Hugging Face integration asks as each step of the last second
+        of training starts, so the end of ``train()`` waits for the last step's records only."""
         with self._lock:
             self._check_open()
             target = self._seq

@@ -363,8 +363,10 @@ class RLLogCallback(TrainerCallback):
         left = state.max_steps - state.global_step
         if state.max_steps <= 0 or left <= 0:
             return False
-        if left == 1 or self._train_started is None:
-            return left == 1
+        if left == 1:
+            return True
+        if self._train_started is None:
+            return False
         started, first_step = self._train_started
         done = state.global_step - first_step
         return done > 0 and left * (time.monotonic() - started) / done <= END_FLUSH_LEAD_SECONDS
