@@ -112,9 +112,11 @@ class CpuClock:
             waited = int(open(f"/proc/self/task/{tid}/schedstat").read().split()[1]) / 1e9
             status = open(f"/proc/self/task/{tid}/status").read()
             preempted = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+            sched = open(f"/proc/self/task/{tid}/sched").read()
+            migrated = int(sched.split("se.nr_migrations")[1].split(":")[1].split()[0])
         except (OSError, IndexError, ValueError):
             return {}
-        return {"waited": waited, "preempted": preempted}
+        return {"waited": waited, "preempted": preempted, "migrated": migrated}
 
     def _sample(self) -> dict:
         main = threading.main_thread().native_id
@@ -138,6 +140,7 @@ class CpuClock:
         out = {"cpu_main_s": d["main"], "cpu_other_threads_s": d["process"] - d["main"]}
         if "waited" in d:
             out["main_waited_s"], out["main_preempted"] = d["waited"], d["preempted"]
+            out["main_migrated"] = d.get("migrated")
         if "agent" in d:
             out["cpu_agent_s"] = d["agent"]
         return out

@@ -338,6 +338,12 @@ def _launch(args: list[str], log_path: Path, system_interval: float | None) -> t
     return proc, samples_read
 
 
+def standby_key(sink_names: list[str], system_interval: float | None) -> tuple[frozenset[str], float | None]:
+    """What a run must match to take a standby: the same backends in any order (the standby only imports
+    them; the run's own list decides the rest), and the same system-metrics sampling."""
+    return frozenset(sink_names), system_interval
+
+
 class Standby:
     """A delivery agent started before its run exists (see :func:`prepare`).
 
@@ -348,7 +354,7 @@ class Standby:
     """
 
     def __init__(self, sink_names: list[str], system_interval: float | None):
-        self.key = (tuple(sink_names), system_interval)
+        self.key = standby_key(sink_names, system_interval)
         fd, log_name = tempfile.mkstemp(prefix="rllog-standby-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log_name)
@@ -396,7 +402,7 @@ def prepare(sink_names: list[str], system_interval: float | None) -> Standby | N
     global _standby
     with _standby_lock:
         if _standby is not None and _standby.alive():
-            if _standby.key == (tuple(sink_names), system_interval):
+            if _standby.key == standby_key(sink_names, system_interval):
                 _standby.owners += 1
                 return _standby
             _standby.release()
@@ -414,7 +420,7 @@ def take_standby(sink_names: list[str], system_interval: float | None) -> Standb
         standby, _standby = _standby, None
     if standby is None:
         return None
-    if standby.alive() and standby.key == (tuple(sink_names), system_interval):
+    if standby.alive() and standby.key == standby_key(sink_names, system_interval):
         return standby
     standby.release()
     return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -86,13 +87,28 @@ ALIASES = {"comet": "comet_ml", "tb": "tensorboard"}
 NOT_IN_ALL = {"console"}
 
 
-def backends() -> dict[str, Backend]:
-    """Every known backend, built-in first, then entry points (an entry point may not shadow a built-in)."""
-    found = dict(BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in found:
-            found[ep.name] = Backend(ep.name, ep.value, source=f"entry point ({ep.dist.name if ep.dist else '?'})")
-    return found
+_plugins: tuple[tuple[str, ...], list[Backend]] | None = None  # (sys.path, entry-point backends) of the last look
+
+
+def backends(refresh: bool = False) -> dict[str, Backend]:
+    """Every known backend, built-in first, then entry points (an entry point may not shadow a built-in).
+
+    The entry points are looked up once per ``sys.path``: the lookup reads every installed package's metadata
+    (~20 ms with a trainer's dependencies, measured; ``train()`` resolved each backend twice, 0.28 s with six).
+    ``refresh`` looks again, as :func:`resolve` does for a name it does not know (a plugin installed since).
+    """
+    global _plugins
+    path = tuple(sys.path)
+    if _plugins is None or _plugins[0] != path or refresh:
+        found = [
+            Backend(ep.name, ep.value, source=f"entry point ({ep.dist.name if ep.dist else '?'})")
+            for ep in entry_points(group=ENTRY_POINT_GROUP)
+        ]
+        _plugins = (path, found)
+    known = dict(BUILTIN)
+    for backend in _plugins[1]:
+        known.setdefault(backend.name, backend)
+    return known
 
 
 def resolve(name: str) -> Backend:
@@ -101,8 +117,10 @@ def resolve(name: str) -> Backend:
     Raises:
         UnknownBackend: with the available names and a close match, if any.
     """
-    known = backends()
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    known = backends()
+    if key not in known:
+        known = backends(refresh=True)
     if key in known:
         return known[key]
     close = difflib.get_close_matches(key, list(known) + list(ALIASES), n=1)

@@ -98,6 +98,14 @@ def test_a_standby_for_other_backends_or_a_dead_one_is_replaced(tracker_dirs):
     assert run.finish().ok
     assert rllog.read_metrics(run.run_dir).column("value").to_pylist() == [2.0]
 
+    assert rllog.prepare(["tensorboard", "parquet"]) is True  # the same backends, in another order: taken
+    same = agent.waiting_standby()
+    run = rllog.init(["parquet", "tensorboard"])
+    assert run._agent.pid == same.proc.pid and agent.waiting_standby() is None
+    run.log({"x": 3.0}, step=0)
+    assert run.finish().ok
+    assert read_back("tensorboard", tracker_dirs, run.info).metrics["x"] == [(0, 3.0)]
+
 
 def test_nothing_is_prepared_while_a_run_agent_is_alive_or_for_nothing_to_deliver():
     run = rllog.init(["parquet"])
