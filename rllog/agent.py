@@ -574,8 +574,9 @@ class PriorityGovernor:
     normal priority (nice 10) while a sink is more than :data:`LAG_MAX_SECONDS` behind, so delivery lag stays bounded
     even when training keeps every core busy; and off the trainer's CPU (:func:`agent_cpus`), checked every second.
 
-    Linux sets the policy per thread: every thread of the agent (the trackers' too) is switched, except the
-    governor's own, which stays at normal priority so that it can always decide.
+    Linux sets the policy per thread: every thread of the agent and of the processes it started (the trackers'
+    threads, wandb's service) is switched, every second, except the governor's own, which stays at normal
+    priority so that it can always decide.
     """
 
     def __init__(self, followers: list, mode: str, trainer_pid: int | None = None):
@@ -595,11 +596,7 @@ class PriorityGovernor:
         if not self._idle_mode:
             return
         policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-        try:
-            tids = [int(t) for t in os.listdir("/proc/self/task")]
-        except OSError:
-            return
-        for tid in tids:
+        for tid in _agent_tasks():  # the trackers' processes too (wandb-core ran at normal priority)
             if tid != self._own_tid:
                 try:
                     os.sched_setscheduler(tid, policy, os.sched_param(0))
