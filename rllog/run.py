@@ -442,12 +442,16 @@ class Run(RunBase):
     def request_flush(self) -> None:
         """Ask every sink to flush what was logged so far as soon as it holds it, without waiting: a later
         :meth:`flush` then waits for less. The Hugging Face integration asks as each step of the last second
-        of training starts, so the end of ``train()`` waits for the last step's records only."""
+        of training starts, so the end of ``train()`` waits for the last step's records only.
+
+        The journal writer is woken last: woken first, it took the GIL from the training thread while this call
+        wrote the request (1-5 ms a call in a 60-step GRPO run, against 0.5 ms now). The agent looks at the request
+        every 10 ms, by when the writer has handed the records to the OS."""
         with self._lock:
             self._check_open()
             target = self._seq
-        self._writer.wake()
         self._ask_flush(target)
+        self._writer.wake()
 
     def _ask_flush(self, target: int, quiet: bool = False) -> None:
         """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``."""
