@@ -501,8 +501,8 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 - **What is left**: the trackers' own work per step (~20 ms of the agent's CPU, MLflow's store and wandb's table artifacts first) beside
   training on a 2-core VM: on this tiny model a step takes 39-60 ms, so the agent keeps the other core about as busy
   as training keeps its own, and the steps slow by 10-30% depending on the machine's state that hour (the same
-  benchmark 25 minutes apart: 240 steps 0.97x, then 1.22x; a 60-step round anywhere from 0.83x to 1.36x); and the
-  wait at the end of `train()` (0.07-0.12 s).
+  benchmark 25 minutes apart, the same rllog but for a 1 ms change: 240 steps 1.02x, then 1.18x; a 60-step round
+  anywhere from 0.83x to 1.44x); and the wait at the end of `train()` (0.06-0.12 s).
   With steps of seconds (a real model) the same per-step work is a few percent of a core. Delivery lag while training: about
   1.6 s at most (the journal's 50 ms, up to 0.5 s until the follower reads, then a flush within `flush_interval`) when the agent has a core; when training keeps every core busy it is at most ~30 s behind
   (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority, nice 10, until caught up), and every tracker is
