@@ -208,6 +208,20 @@ def _open_unsynced(path: Any, mode: str = "w", encoding: str | None = None) -> I
         yield f
 
 
+def _own_service() -> None:
+    """Let wandb start its service for this process rather than join one another process started.
+
+    wandb puts its service's address in ``WANDB_SERVICE`` ("<version>-<pid that started it>-unix-<socket>"), and
+    children inherit it. In the delivery agent it names the trainer's service (when the training script used wandb
+    itself): the tracker work would then run in the trainer's process tree at normal priority, and stop with the
+    trainer (the service exits with the process that started it), so an agent could not deliver the rest after a
+    crash. A token of this very process (``delivery="thread"``) is kept.
+    """
+    match = re.match(r"[^-]+-(\d+)-", os.environ.get("WANDB_SERVICE", ""))
+    if match and int(match.group(1)) != os.getpid():
+        del os.environ["WANDB_SERVICE"]
+
+
 def _skip_temporary_fsync() -> None:
     """wandb writes each logged table's JSON to a file of a temporary directory and ``fsync``s it, then copies it to
     its staging area (no ``fsync``) and deletes it: the sync protects nothing and costs a disk flush per table, which
@@ -334,6 +348,7 @@ class WandbSink:
             import wandb
 
             _skip_temporary_fsync()
+            _own_service()
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
             remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)
             identity = self.identity(run_info, remembered)
