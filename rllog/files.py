@@ -1,7 +1,7 @@
 """Small files replaced whole: the one helper for writing them atomically.
 
 The run directory's small files (cursors, the flush request, ``run.json``, the trackers' remembered runs) and
-DVCLive's summary files are written with :func:`replace_file`; a reader sees the old content or the new, never
+DVCLive's table files are written with :func:`replace_file`; a reader sees the old content or the new, never
 a torn write. It lives here, below :mod:`rllog.delivery`, so that backends (which must not import the delivery
 layer) can use it too.
 """
