@@ -95,6 +95,7 @@ class Rule:
         self._last_fired: dict[str, int] = {}
         self._state: dict[str, Any] = {}
         self._watched: dict[str, bool] = {}  # key -> answer of watches(); the same key is logged every step
+        self.generation = self.__dict__.get("generation", 0) + 1  # HealthMonitor's routing is redone when it changes
 
     def watches(self, key: str) -> bool:
         answer = self._watched.get(key)
@@ -110,10 +111,12 @@ class Rule:
     def observe(self, step: int, values: Mapping[str, float]) -> list[AlertDraft]:
         if not self.enabled:
             return []
+        return self.check_watched(step, {key: raw for key, raw in values.items() if self.watches(key)})
+
+    def check_watched(self, step: int, values: Mapping[str, float]) -> list[AlertDraft]:
+        """:meth:`observe` for values whose keys this rule is known to watch (:class:`HealthMonitor` routes them)."""
         out = []
         for key, raw in values.items():
-            if not self.watches(key):
-                continue
             value = _float(raw)
             if value is None:
                 continue
@@ -367,6 +370,8 @@ class HealthMonitor:
         for name, params in (overrides or {}).items():
             self.rule(name).configure(**dict(params))
         self._broken: set[str] = set()
+        self._routes: dict[str, tuple[Rule, ...]] = {}  # key -> the rules that watch it
+        self._routed_for: tuple = ()  # the rules (and their generations) _routes was made for
 
     default_rules = staticmethod(default_rules)
 
@@ -378,15 +383,39 @@ class HealthMonitor:
         raise ValueError(f"unknown health rule {name!r}; the rules are: {', '.join(r.name for r in self.rules)}")
 
     def observe(self, step: int, values: Mapping[str, float]) -> list[AlertDraft]:
-        """Feed one logged step's values to every enabled rule; returns the alerts they raise."""
+        """Feed one logged step's values to every enabled rule; returns the alerts they raise.
+
+        Each rule sees only the keys it watches: which rules watch a key is worked out once per key (a step
+        logs ~40 keys and a handful of rules watch a few of them; asking every rule about every key was
+        ~60% of the journal writer's time, measured).
+        """
+        routed_for = tuple((id(r), getattr(r, "generation", 0)) for r in self.rules)
+        if routed_for != self._routed_for:
+            self._routes, self._routed_for = {}, routed_for
+        watched: dict[int, dict[str, float]] = {}
+        for key, value in values.items():
+            rules = self._routes.get(key)
+            if rules is None:
+                if len(self._routes) > 100_000:  # a run that invents new keys every step must not grow this forever
+                    self._routes.clear()
+                rules = self._routes[key] = tuple(r for r in self.rules if self._watches(r, key))
+            for r in rules:
+                watched.setdefault(id(r), {})[key] = value
         out: list[AlertDraft] = []
         for r in self.rules:
-            if not r.enabled:
+            own = type(r).observe is not Rule.observe  # a rule with its own observe sees every value, as before
+            if not r.enabled or not (own or id(r) in watched):
                 continue
             try:
-                out.extend(r.observe(step, values))
+                out.extend(r.observe(step, values) if own else r.check_watched(step, watched[id(r)]))
             except Exception:  # a rule bug must never break logging
                 if r.name not in self._broken:
                     self._broken.add(r.name)
                     log.exception("rllog: health rule %r failed; it is skipped for this step", r.name)
         return out
+
+    def _watches(self, rule: Rule, key: str) -> bool:
+        try:
+            return rule.watches(key)
+        except Exception:  # a bad pattern: the rule is reported failed when it would have seen the key
+            return True

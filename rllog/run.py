@@ -312,6 +312,8 @@ class Run(RunBase):
             on_written=self._check_health if self._monitor else None,
         )
         self._lock = threading.Lock()
+        self._scan_lock = threading.Lock()
+        self._scanner: journal.Scanner | None = None  # see _scan
         self._seq = next_seq - 1
         self._finishing: threading.Event | None = None
         self._forked = False
@@ -437,7 +439,7 @@ class Run(RunBase):
             if all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors):
                 break
             time.sleep(0.005)  # a train() ends with this wait
-        return report(self.run_dir, self.sink_names, upto=target)
+        return report(self.run_dir, self.sink_names, upto=target, scan=self._scan())
 
     def request_flush(self) -> None:
         """Ask every sink to flush what was logged so far as soon as it holds it, without waiting: a later
@@ -524,9 +526,22 @@ class Run(RunBase):
         for follower in self._followers:
             if not follower.join(max(0.0, deadline - time.monotonic())):
                 follower.stop()
-        return report(self.run_dir, self.sink_names, unwritten=stats.unwritten + len(stats.unencodable), notes=notes, cause=cause)
+        scan = self._scan(final=True)
+        with self._scan_lock:
+            if self._scanner is not None:
+                self._scanner.close()
+        return report(
+            self.run_dir, self.sink_names, unwritten=stats.unwritten + len(stats.unencodable), notes=notes, cause=cause, scan=scan
+        )
 
     # -- internals -------------------------------------------------------------------------------
+    def _scan(self, final: bool = False) -> journal.JournalScan:
+        """The journal's scan, brought up to date (verifying only what was written since the last call)."""
+        with self._scan_lock:
+            if self._scanner is None:
+                self._scanner = journal.Scanner(self.run_dir)
+            return self._scanner.update(final=final)
+
     def _check_health(self, entries: list[PendingMetrics]) -> None:
         """On the journal writer thread: run the health rules, journal and log what they raise."""
         for entry in entries:

@@ -227,6 +227,7 @@ def report(
     notes: list[str] | None = None,
     cause: str | None = None,
     upto: int | None = None,
+    scan: journal.JournalScan | None = None,
 ) -> FinishReport:
     """Delivery state of every sink of ``run_dir``, from the journal (every frame verified) and the cursors.
 
@@ -237,9 +238,11 @@ def report(
             shown for pending sinks instead of the generic deadline message.
         upto: report on the records up to this seq only (``Run.flush``): a sink that holds them all is
             ``delivered`` whether or not it has closed.
+        scan: the journal's scan, if the caller keeps one up to date (:class:`rllog.journal.Scanner`).
     """
     run_dir = Path(run_dir)
-    scan = journal.scan(run_dir)
+    if scan is None:
+        scan = journal.scan(run_dir)
     total = (scan.count_upto(upto) if upto is not None else scan.records) + unwritten
     if sink_names is None:
         sink_names = CursorStore.names(run_dir)

@@ -342,13 +342,22 @@ def _wide_int_extremes(table: pa.Table) -> dict[str, tuple[int, int]]:
     """``{column: (min, max)}`` of the table's non-empty int64/uint64 columns (narrower ints fit any promotion)."""
     extremes = {}
     for field, column in zip(table.schema, table.columns, strict=True):
-        if _is_wide_int(field.type):
-            import pyarrow.compute as pc
+        if not _is_wide_int(field.type):
+            continue
+        if len(column) <= SMALL_COLUMN_ROWS:  # a completions table: Python's min/max, ~5 us against ~70 for pc.min_max
+            values = [v for v in column.to_pylist() if v is not None]
+            if values:
+                extremes[field.name] = (min(values), max(values))
+            continue
+        import pyarrow.compute as pc
 
-            low_high = pc.min_max(column).as_py()
-            if low_high["min"] is not None:
-                extremes[field.name] = (low_high["min"], low_high["max"])
+        low_high = pc.min_max(column).as_py()
+        if low_high["min"] is not None:
+            extremes[field.name] = (low_high["min"], low_high["max"])
     return extremes
+
+
+SMALL_COLUMN_ROWS = 256
 
 
 def _merge_extremes(schema: pa.Schema, *extremes: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:

@@ -29,15 +29,17 @@ import math
 import os
 import posixpath
 import re
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import exception_chain, map_errors
-from rllog_backends._conventions import Remembered, env, explicit_project, first
+from rllog_backends._conventions import REMEMBERED_DIR, Remembered, env, explicit_project, first
 
 logger = logging.getLogger(__name__)
 
@@ -235,8 +237,9 @@ class MlflowSink:
         >>> # mlflow ui --backend-store-uri sqlite:///mlflow.db: experiment "grpo-math", tag rllog.run_id
     """
 
-    # Metrics and the table list are held until flush(): one log_batch and one set_tag per flush instead of
-    # a store transaction (4 fsyncs with SQLite) per call. A table's file is written at once.
+    # Metrics, tables and the table list are held until flush(): one log_batch (with the table list's tag) and one
+    # log_artifacts per flush instead of a store transaction (4 fsyncs with SQLite) per call and a log_text (a
+    # temporary directory, a file and a copy: 2.5 ms of the agent's CPU, measured) per table.
     capabilities = Capabilities(tables=True, config=True, alerts=False, durable_writes=False)
     # imported when the tracking store opens (a standby agent imports them ahead: rllog.prepare)
     prepare_imports = (
@@ -284,6 +287,7 @@ class MlflowSink:
         self._logged_artifacts: list[dict[str, str]] | None = []
         self._pending_metrics: list[Any] = []  # written, not yet sent (flush)
         self._pending_tables: str | None = None  # the table list to set at the next flush
+        self._staged: Path | None = None  # table files written since the last flush, uploaded together by flush()
         self._last_timestamp = 0  # ms, of the last record written
 
     # -- MetricSink ----------------------------------------------------------------------------
@@ -312,6 +316,9 @@ class MlflowSink:
             self._log_params(run_info.config)
             self._set_tags()
         remembered.save(tracking_uri=uri or "", run_id=self.run_id)
+        # What an earlier agent staged and never flushed was not acknowledged: it is delivered again from the journal.
+        self._staged = Path(run_info.run_dir) / REMEMBERED_DIR / "mlflow-tables"
+        shutil.rmtree(self._staged, ignore_errors=True)
 
     def write_config(self, record: ConfigRecord) -> None:
         """Config given after ``open``: new keys become params, a changed value goes to ``rllog.config.<param>``."""
@@ -340,14 +347,18 @@ class MlflowSink:
         ]
         # The format of MlflowClient.log_table (pandas "split", no index), so load_table reads it.
         text = json.dumps({"columns": columns, "data": data}, default=str)
-        with _mapped_errors():
+        assert self._staged is not None, "open() first"
+        with _mapped_errors():  # a full disk is transient here too
             directory = f"tables/{self._table_names(record.name)}"
             path = f"{directory}/step_{record.step:06d}-seq_{record.seq:06d}.json"
-            self._client.log_text(self.run_id, text, path)  # overwrites: a retried call is idempotent
+            staged = self._staged / path
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_text(text, encoding="utf-8")  # as log_text writes it
             self._register_table(directory, path)
 
     def flush(self) -> None:
-        """Send the metrics written since the last flush (``log_batch`` chunks) and the table list.
+        """Send what was written since the last flush: the table files (one ``log_artifacts``), then the metrics
+        (``log_batch`` chunks) and the table list.
 
         A chunk leaves the buffer once MLflow took it, so a flush repeated after an error resumes where
         it stopped (a repeated chunk is stored once: MLflow skips identical metric rows).
@@ -355,6 +366,10 @@ class MlflowSink:
         from mlflow.entities import RunTag
 
         with _mapped_errors():
+            if self._staged is not None and self._staged.is_dir():
+                # The files first: the table list sent below names them. A repeated upload overwrites (idempotent).
+                self._client.log_artifacts(self.run_id, str(self._staged))
+                shutil.rmtree(self._staged)
             while self._pending_metrics or self._pending_tables is not None:
                 chunk = next(_chunks(self._pending_metrics, MAX_METRICS_PER_BATCH, lambda m: len(json.dumps(m.key)) + 80), [])
                 # The table list rides with the first chunk: one call (one request to a tracking server), not two.

@@ -260,6 +260,31 @@ def test_tables_at_two_steps_with_a_new_column(tracker_dirs, client):
     ]
 
 
+def test_tables_are_uploaded_together_at_flush_and_a_killed_agents_staged_files_are_not_kept(tracker_dirs, client):
+    """Table files wait for ``flush()`` (one ``log_artifacts`` for all: the delivery layer acknowledges a table only
+    after it), so a new sink after a killed agent starts without what the dead one staged and gets it again."""
+    info = make_info(tracker_dirs["tmp"])
+    first = MlflowSink()
+    first.open(info)
+    for seq in (1, 2, 3):
+        first.write_table(table(seq, seq, "completions", {"prompt": [f"p{seq}"], "completion": ["c"], "reward": [seq / 4]}))
+    run = find_run(client, info)
+    assert client.list_artifacts(run.info.run_id) == []  # held until the flush
+    first.flush()
+    names = [f.path for f in client.list_artifacts(run.info.run_id, "tables/completions")]
+    assert names == [f"tables/completions/step_00000{n}-seq_00000{n}.json" for n in (1, 2, 3)]
+    first.write_table(table(4, 4, "completions", {"prompt": ["p4"], "completion": ["c"], "reward": [1.0]}))
+    staged = list((Path(info.run_dir) / "trackers" / "mlflow-tables").rglob("*.json"))
+    assert [p.name for p in staged] == ["step_000004-seq_000004.json"]  # the agent is killed here: never flushed
+    again = MlflowSink()
+    again.open(info)  # the same MLflow run; the dead agent's staged file is dropped
+    assert not (Path(info.run_dir) / "trackers" / "mlflow-tables").exists()
+    again.write_table(table(4, 4, "completions", {"prompt": ["p4 again"], "completion": ["c"], "reward": [1.0]}))
+    again.close("finished")
+    got = read_back(tracker_dirs, info).tables["completions"]
+    assert [(step, rows[0]["prompt"]) for step, rows in got] == [(1, "p1"), (2, "p2"), (3, "p3"), (4, "p4 again")]
+
+
 def test_artifacts_stay_in_the_tmp_dir(tracker_dirs, client, monkeypatch):
     sink = MlflowSink()
     sink.open(make_info(tracker_dirs["tmp"]))
@@ -367,8 +392,9 @@ def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, mo
         sink.write_metrics([rec(4, 0, {"reward": 7.0})])  # step goes back over REST too
         before = len(proxy.paths)
         sink.flush()
-        # the metrics and the table list in one request
-        assert [p.rsplit("/", 2)[-2:] for p in proxy.paths[before:]] == [["runs", "log-batch"]]
+        # the table's file (log_artifacts asks where the run's artifacts go; this server's store is a folder the
+        # client writes), then the metrics and the table list in one request
+        assert [p.rsplit("/", 2)[-2:] for p in proxy.paths[before:]] == [["runs", "get"], ["runs", "log-batch"]]
         sink.close("failed")
 
         env = dict(tracker_dirs, MLFLOW_TRACKING_URI=mlflow_server)

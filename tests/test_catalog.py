@@ -370,6 +370,35 @@ def test_monitor_with_own_rules_and_a_failing_rule():
     assert [r.name for r in default_rules()] == [r.name for r in HealthMonitor.default_rules()]
 
 
+def test_each_rule_is_asked_about_a_key_once_and_again_after_it_is_reconfigured():
+    """The monitor routes each key to the rules that watch it, worked out once per key (the journal writer runs
+    the rules on every step's ~40 keys); reconfiguring, disabling or replacing a rule takes effect at once."""
+    asked = []
+
+    class Big(Rule):
+        name = "big"
+        defaults = {"metrics": ("x",), "limit": 5.0, "cooldown": 1}
+
+        def watches(self, key):
+            asked.append(key)
+            return super().watches(key)
+
+        def check(self, key, value, step):
+            return f"{key} is {value}" if value > self.limit else None
+
+    big = Big()
+    monitor = HealthMonitor(rules=[big])
+    steps = [(step, {"x": 9.0, "y": 9.0, "z": 1.0}) for step in range(50)]
+    assert [(d.step, d.metric) for d in feed(monitor, steps)] == [(step, "x") for step in range(50)]
+    assert sorted(asked) == ["x", "y", "z"]  # once per key, not once per step
+    big.configure(metrics=["y"])
+    assert [d.metric for d in feed(monitor, [(50, {"x": 9.0, "y": 9.0})])] == ["y"]
+    big.enabled = False
+    assert feed(monitor, [(51, {"y": 9.0})]) == []
+    monitor.rules = [Big(metrics=["z"], limit=0.5)]
+    assert [d.metric for d in feed(monitor, [(52, {"x": 9.0, "z": 1.0})])] == ["z"]
+
+
 # ---- the plot and `rllog show` ---------------------------------------------------------------------
 
 
