@@ -57,6 +57,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors, retry_error
@@ -486,7 +487,8 @@ class CometSink:
                 archive = experiment._get_offline_archive_file_name()
             except Exception:
                 archive = f"{experiment.id}-{random_suffix()}.zip"
-            marker.write_text(
+            replace_file(  # whole or not at all: _recover reads it after a kill
+                marker,
                 json.dumps(
                     {
                         "tmpdir": tmpdir,
@@ -499,7 +501,7 @@ class CometSink:
                         "tags": list(run_info.tags),
                         "pid": os.getpid(),
                     }
-                )
+                ),
             )
             self._marker = marker
         except OSError as exc:
