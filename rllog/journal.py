@@ -247,6 +247,7 @@ class JournalWriter:
         run_dir: the run directory; segments go to ``run_dir/journal``.
         write_interval: every entry is handed to the OS (``os.write``) within this many seconds.
         next_seq: the sequence number the first appended record has.
+        on_landed: called on the writer thread with ``written_seq`` after a write put frames on disk.
         on_written: called on the writer thread with each batch's metrics once their host values are
             filled in (the health rules); it may ``append`` more entries.
 
@@ -262,6 +263,7 @@ class JournalWriter:
         write_interval: float = 0.5,
         next_seq: int = 1,
         on_written: Callable[[list[PendingMetrics]], None] | None = None,
+        on_landed: Callable[[int], None] | None = None,
     ):
         self.directory = journal_dir(run_dir)
         self.write_interval = write_interval
@@ -275,6 +277,7 @@ class JournalWriter:
         self.stats = WriterStats()
         self.written_seq = next_seq - 1
         self.on_written = on_written
+        self.on_landed = on_landed
         self._next_seq = next_seq
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -383,6 +386,11 @@ class JournalWriter:
         self._size += written
         self.written_seq = self._frames[-1][0]
         self._frames = []
+        if self.on_landed is not None:
+            try:
+                self.on_landed(self.written_seq)
+            except Exception as exc:  # must never stop the journal
+                log.error("rllog journal: after-write callback failed: %s", exc)
         if self.error is not None:
             log.warning("rllog journal: writing again (%s cleared)", self.error.strerror or self.error)
             self.error = None

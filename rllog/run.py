@@ -305,11 +305,14 @@ class Run(RunBase):
         self.max_pending = max_pending
         self._backpressure_warned = False
         self._monitor = _health_monitor(health)
+        self._wake_at = 0  # a flush request's seq: in-process followers are woken once the journal holds it
+        self._followers: list[Follower] = []
         self._writer = JournalWriter(
             self.run_dir,
             min(self.flush_interval / 2, JOURNAL_WRITE_INTERVAL),
             next_seq=next_seq,
             on_written=self._check_health if self._monitor else None,
+            on_landed=self._wake_followers_if_asked,
         )
         self._lock = threading.Lock()
         self._scan_lock = threading.Lock()
@@ -321,7 +324,6 @@ class Run(RunBase):
         # Where an omitted step comes from when a trainer owns the step (set by the HF/TRL integration).
         self.step_source: Callable[[], int] | None = None
         self._agent = None
-        self._followers: list[Follower] = []
         if self._named and delivery == "process":
             from rllog.agent import AgentProcess
 
@@ -452,15 +454,20 @@ class Run(RunBase):
         with self._lock:
             self._check_open()
             target = self._seq
-        self._ask_flush(target)
+        # In-process followers (delivery="thread", sink objects) woken now would read before the writer wrote the
+        # records and honour the request only at their next poll: the writer wakes them once they are written.
+        self._wake_at = target
+        self._ask_flush(target, wake_followers=False)
         self._writer.wake()
+        self._wake_followers_if_asked(self._writer.written_seq)  # written already (the writer's last tick)
 
-    def _ask_flush(self, target: int, quiet: bool = False) -> None:
+    def _ask_flush(self, target: int, quiet: bool = False, wake_followers: bool = True) -> None:
         """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``."""
         from rllog.delivery import request_flush
 
-        for follower in self._followers:
-            follower.wake()
+        if wake_followers:
+            for follower in self._followers:
+                follower.wake()
         try:
             request_flush(self.run_dir, target)
         except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
@@ -535,6 +542,14 @@ class Run(RunBase):
         )
 
     # -- internals -------------------------------------------------------------------------------
+    def _wake_followers_if_asked(self, written_seq: int) -> None:
+        """Wake the in-process followers for a :meth:`request_flush` whose records the journal now holds."""
+        wanted = self._wake_at
+        if wanted and written_seq >= wanted:
+            self._wake_at = 0
+            for follower in self._followers:
+                follower.wake()
+
     def _scan(self, final: bool = False) -> journal.JournalScan:
         """The journal's scan, brought up to date (verifying only what was written since the last call)."""
         with self._scan_lock:

@@ -382,3 +382,25 @@ def test_run_flush_verifies_only_what_was_logged_since_the_previous_flush(tmp_pa
     assert 0 < len(checked) <= 8 * 10
     report = run.finish(timeout=30)
     assert report.ok and report.records == 410 and sink.seqs == list(range(1, 411))
+
+
+def test_in_process_followers_honour_a_flush_request_once_the_journal_holds_its_records(tmp_path, monkeypatch):
+    """``delivery="thread"``: ``Run.request_flush`` used to wake the followers before the journal writer had written
+    the records, so they read nothing and honoured the request only at their next poll. The writer now wakes them
+    once it has. Here a poll is half an hour away: only that wake can deliver the records."""
+    import rllog.delivery
+
+    monkeypatch.setattr(rllog.delivery, "LIVE_POLL_MAX", 3600.0)
+    sink = MemorySink("memory")
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread", health=False)
+    follower = run._followers[0]
+    assert follower.poll_interval == 1800.0  # half the flush interval
+    waited_since = follower.caught_up_at
+    assert wait_until(lambda: follower.caught_up_at > waited_since, timeout=30)  # read the empty journal, now waits
+    cursor = CursorStore(tmp_path / "r", "memory")
+    for step in range(5):
+        run.log({"reward": step / 4}, step=step)
+        run.request_flush()
+        assert wait_until(lambda step=step: cursor.load().seq == step + 1, timeout=20), cursor.load()
+    assert sink.seqs == [1, 2, 3, 4, 5]
+    assert run.finish(timeout=30).ok
