@@ -504,15 +504,17 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 - **Temporary files in memory** (`TMPDIR=/dev/shm`, measured before wandb's sync was turned off, not taken): Comet
   keeps a whole offline run's messages in its temporary directory, which would then be memory.
 - **What is left**: the trackers' own work per step (~20 ms of the agent's CPU, MLflow's store and wandb's table artifacts first) beside
-  training on a 2-core VM: on this tiny model a step takes 39-60 ms, so the agent keeps the other core about as busy
-  as training keeps its own, and the steps slow by 10-30% depending on the machine's state that hour (the same
-  benchmark 25 minutes apart, the same rllog but for a 1 ms change: 240 steps 1.02x, then 1.18x; a 60-step round
-  anywhere from 0.83x to 1.44x); and the wait at the end of `train()` (0.06-0.12 s). How the agent slows the
-  steps is not settled: `perf sched` over 3 s of a 240-step run showed the training thread alone on its CPU (2.99 s
-  of 3.00; every agent thread on the other CPU, disk interrupts ~160 a second and IPIs a few hundred a second on the
-  trainer's), yet its CPU time for the same steps was 15-40% higher than without the agent; idle-priority burners on
-  the other CPU (a loop, JSON, a 256 MB numpy sweep, a 3-million-object heap) slowed 60-step trainings in one
-  session and, on 2026-11-24, by less than two runs without a burner differed (2.6 s and 3.1 s).
+  training on a 2-core VM: on this tiny model a step takes 39-60 ms, so the agent keeps the other core about half
+  as busy as training keeps its own. Trainings in separate processes put the whole `train()` at 1.10-1.19x, but they
+  swing more between runs than the target's band (the same benchmark 25 minutes apart, the same rllog but for a 1 ms
+  change: 240 steps 1.02x, then 1.18x; a 60-step round anywhere from 0.83x to 1.44x); the wait at the end of
+  `train()` is 0.06-0.12 s. Measured inside one
+  training (`benchmarks/interference.py`: the agent paused and resumed every 0.6 s, the training thread's CPU per
+  step in each phase, so the machine's swings between runs cancel out), the agent's work beside training cost the
+  training thread 1.01x and 1.09x in two runs with all six, at most 1.14x with one tracker (wandb): an upper
+  bound, as resumed the agent does twice the usual work. (Ad-hoc versions of that measurement run from a folder of
+  scratch scripts had shown 1.4-1.7x; run from `benchmarks/`, the same code shows the figures above: those were an
+  artefact and are not used.)
   With steps of seconds (a real model) the same per-step work is a few percent of a core. Delivery lag while training: about
   1.6 s at most (the journal's 50 ms, up to 0.5 s until the follower reads, then a flush within `flush_interval`) when the agent has a core; when training keeps every core busy it is at most ~30 s behind
   (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority, nice 10, until caught up), and every tracker is

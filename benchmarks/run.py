@@ -24,6 +24,7 @@ import drain
 import end_to_end
 import harness
 import hot_path
+import interference
 import long_run
 import profiles
 import scaling
@@ -36,6 +37,7 @@ SECTIONS = {
     "drain": drain,
     "scaling": scaling,
     "end_to_end": end_to_end,
+    "interference": interference,
     "syncs": syncs,
     "long_run": long_run,
 }
@@ -553,6 +555,15 @@ def page(results: dict, meta: dict) -> str:
             "",
         ]
         out += [*explain_end_to_end(results["end_to_end"], results.get("profiles", {}).get("integration")), ""]
+    if "interference" in results:
+        out += [
+            "### The agent's work beside training, inside one training",
+            "",
+            " ".join(interference.__doc__.strip().split("\n\n")[1].split()),
+            "",
+            interference.render(results["interference"]),
+            "",
+        ]
     if "syncs" in results:
         out += [
             "## 6. Device syncs per logged step",
