@@ -8,7 +8,7 @@ training thread's CPU time per step with the agent paused and with it working, p
 its own threads; the trackers' own processes, e.g. wandb's service, keep running). Resumed, the agent catches
 up with what came while it was paused, so the "working" phases hold about twice the usual delivery work: an
 upper bound. Steps differ (each generates completions of its own lengths), so a short run scatters: with 80 steps
-(``--quick``) the parquet row alone has read 1.02x to 1.24x.
+(``--quick``) the parquet row alone has read 1.11x to 1.24x, with 200 steps 1.02x and 1.07x.
 
     .venv/bin/python benchmarks/interference.py [--quick]
 """
