@@ -409,13 +409,17 @@ class HealthMonitor:
             try:
                 out.extend(r.observe(step, values) if own else r.check_watched(step, watched[id(r)]))
             except Exception:  # a rule bug must never break logging
-                if r.name not in self._broken:
-                    self._broken.add(r.name)
-                    log.exception("rllog: health rule %r failed; it is skipped for this step", r.name)
+                self._report_failed(r)
         return out
 
     def _watches(self, rule: Rule, key: str) -> bool:
         try:
             return rule.watches(key)
-        except Exception:  # a bad pattern: the rule is reported failed when it would have seen the key
-            return True
+        except Exception:  # a bad pattern: the rule fails (reported once) and sees none of the key's values
+            self._report_failed(rule)
+            return False
+
+    def _report_failed(self, rule: Rule) -> None:
+        if rule.name not in self._broken:
+            self._broken.add(rule.name)
+            log.exception("rllog: health rule %r failed; it is skipped for this step", rule.name)

@@ -534,9 +534,6 @@ class Run(RunBase):
             if not follower.join(max(0.0, deadline - time.monotonic())):
                 follower.stop()
         scan = self._scan(final=True)
-        with self._scan_lock:
-            if self._scanner is not None:
-                self._scanner.close()
         return report(
             self.run_dir, self.sink_names, unwritten=stats.unwritten + len(stats.unencodable), notes=notes, cause=cause, scan=scan
         )
@@ -551,11 +548,15 @@ class Run(RunBase):
                 follower.wake()
 
     def _scan(self, final: bool = False) -> journal.JournalScan:
-        """The journal's scan, brought up to date (verifying only what was written since the last call)."""
+        """The journal's scan, brought up to date (verifying only what was written since the last call); ``final``
+        (at ``finish``: no more writes) reads a torn tail as such and closes the scanner."""
         with self._scan_lock:
             if self._scanner is None:
                 self._scanner = journal.Scanner(self.run_dir)
-            return self._scanner.update(final=final)
+            scan = self._scanner.update(final=final)
+            if final:
+                self._scanner.close()
+            return scan
 
     def _check_health(self, entries: list[PendingMetrics]) -> None:
         """On the journal writer thread: run the health rules, journal and log what they raise."""

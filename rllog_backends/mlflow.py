@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rllog.errors import RateLimited, TransientError
+from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import exception_chain, map_errors
@@ -351,9 +352,7 @@ class MlflowSink:
         with _mapped_errors():  # a full disk is transient here too
             directory = f"tables/{self._table_names(record.name)}"
             path = f"{directory}/step_{record.step:06d}-seq_{record.seq:06d}.json"
-            staged = self._staged / path
-            staged.parent.mkdir(parents=True, exist_ok=True)
-            staged.write_text(text, encoding="utf-8")  # as log_text writes it
+            replace_file(self._staged / path, text)  # UTF-8, as log_text writes it; whole or not at all
             self._register_table(directory, path)
 
     def flush(self) -> None:
