@@ -18,10 +18,14 @@ failed and those records stay pending for ``rllog replay``.
 
 When a sink is flushed: at least every ``flush_interval`` while records flow, at the end of the journal,
 and as soon as its follower has delivered every record up to a seq the trainer asked for
-(:func:`request_flush`, written by ``Run.flush``: the end of ``train()``/``evaluate()``). Not every time
-a follower catches up with the journal: with SQLite-backed trackers (MLflow, trackio) a flush is a
-transaction with several ``fdatasync``s, and one per step (measured: 340 commits in a 60-step GRPO run)
-slowed the training process on the other core.
+(:func:`request_flush`, written by ``Run.flush``: the end of ``train()``/``evaluate()``). A request the
+trainer does not wait for (``Run.request_flush``, ``soon=True``: each step of the last second of training)
+is honoured at most every :data:`ASKED_FLUSH_MIN_GAP`: one flush per step made MLflow's and trackio's
+fixed cost per transaction the agent's largest cost in that second (MLflow 20 ms of CPU per one-step flush
+against 7 ms per step in larger ones), and the agent fell behind just before the flush that ends
+``train()``. Not every time a follower catches up with the journal: with SQLite-backed trackers (MLflow,
+trackio) a flush is a transaction with several ``fdatasync``s, and one per step (measured: 340 commits in a
+60-step GRPO run) slowed the training process on the other core.
 
 How often a follower reads the journal: at once again after a batch, and every ``poll_interval`` once it has
 caught up. A live run's followers poll every half ``flush_interval`` (:func:`live_poll_interval`: 0.5 s by
@@ -75,6 +79,7 @@ class SinkState:
 POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
 LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see live_poll_interval)
 FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher looks at the flush request (a stat: ~4 us of CPU a look, measured)
+ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
@@ -174,12 +179,17 @@ class CursorStore:
             self._lock.release()
 
 
-FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: the highest seq a Run.flush asked for
+FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: "<seq>", or "<seq> soon" (nobody waits for it)
+SOON = "soon"
 
 
-def request_flush(run_dir: str | os.PathLike, seq: int) -> None:
-    """Ask every follower of the run to flush its sink as soon as it has delivered the records up to ``seq``."""
-    replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, str(int(seq)))
+def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> None:
+    """Ask every follower of the run to flush its sink as soon as it has delivered the records up to ``seq``.
+
+    ``soon``: nobody waits for this flush (``Run.request_flush``); a follower may put it off for up to
+    :data:`ASKED_FLUSH_MIN_GAP` after its previous flush. Without it (``Run.flush``), the trainer waits.
+    """
+    replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, f"{int(seq)} {SOON}" if soon else str(int(seq)))
 
 
 def live_poll_interval(flush_interval: float) -> float:
@@ -188,12 +198,16 @@ def live_poll_interval(flush_interval: float) -> float:
 
 
 class FlushRequest:
-    """The follower's view of :func:`request_flush`: the file is read again only when it was replaced."""
+    """The follower's view of :func:`request_flush`: the file is read again only when it was replaced.
+
+    ``seq``: the highest seq asked for; ``waited_seq``: the highest one a ``Run.flush`` waits for.
+    """
 
     def __init__(self, run_dir: str | os.PathLike):
         self.path = Path(run_dir) / "delivery" / FLUSH_REQUEST
         self._seen: tuple[int, int] | None = None
         self.seq = 0
+        self.waited_seq = 0
 
     def read(self) -> int:
         self.replaced()
@@ -205,7 +219,10 @@ class FlushRequest:
             stat = os.stat(self.path)
             if (stat.st_ino, stat.st_mtime_ns) != self._seen:
                 self._seen = (stat.st_ino, stat.st_mtime_ns)
-                self.seq = max(self.seq, int(self.path.read_text()))
+                seq, *soon = self.path.read_text().split()
+                self.seq = max(self.seq, int(seq))
+                if soon != [SOON]:
+                    self.waited_seq = max(self.waited_seq, int(seq))
                 return True
         except (OSError, ValueError):
             pass
@@ -305,6 +322,7 @@ class Follower:
         self.thread: threading.Thread | None = None
         self._dirty = False  # written since the last flush
         self._flush_request = FlushRequest(run_info.run_dir)
+        self._flush_put_off = False  # the trainer asked for a flush (not waiting for it) too soon after the last one
         self._saved_key = ""  # what the cursor file holds (see _save)
         self._delivered_seq = self.seq  # the last seq handed to the sink (or skipped)
         self.caught_up_at = time.monotonic()  # when a read last found nothing new (the delivery lag is measured from it)
@@ -373,7 +391,7 @@ class Follower:
                     return
                 if records:
                     self._delivered_seq = records[-1].seq
-                if self._dirty and (time.monotonic() - last_flush >= self.flush_interval or self._flush_asked()):
+                if self._dirty and self._flush_due(last_flush):
                     if not self._flush():
                         return
                     last_flush = time.monotonic()
@@ -384,7 +402,7 @@ class Follower:
                     return
                 if not batch:
                     self.caught_up_at = time.monotonic()
-                    self._wake.wait(self.poll_interval)
+                    self._wake.wait(self._wait_before_reading(last_flush))
                     self._wake.clear()
         except BaseException as exc:  # never let a bug kill the thread silently
             self._fail(exc)
@@ -413,10 +431,27 @@ class Follower:
         kept = [r for r in batch if isinstance(r, End) or r.seq < min(later)]
         return kept, len(kept) < len(batch)
 
-    def _flush_asked(self) -> bool:
-        """A ``Run.flush`` waits for records this follower has delivered but not yet flushed."""
-        asked = self._flush_request.read()
-        return self.seq < asked <= self._delivered_seq
+    def _flush_due(self, last_flush: float) -> bool:
+        """Whether to flush the sink now: ``flush_interval`` has passed since ``last_flush``, or the trainer asked
+        (:func:`request_flush`) for records this follower has delivered but not flushed. A request nobody waits for
+        is put off until :data:`ASKED_FLUSH_MIN_GAP` after the previous flush (see :meth:`_wait_before_reading`)."""
+        since = time.monotonic() - last_flush
+        if since >= self.flush_interval:
+            return True
+        request = self._flush_request
+        request.replaced()
+        if self.seq < request.waited_seq <= self._delivered_seq:
+            return True
+        asked = self.seq < request.seq <= self._delivered_seq
+        self._flush_put_off = asked and since < ASKED_FLUSH_MIN_GAP
+        return asked and not self._flush_put_off
+
+    def _wait_before_reading(self, last_flush: float) -> float:
+        """How long a caught-up follower waits before it reads again: ``poll_interval``, or until a flush it put
+        off is due."""
+        if not (self._dirty and self._flush_put_off):
+            return self.poll_interval
+        return min(self.poll_interval, max(0.0, last_flush + ASKED_FLUSH_MIN_GAP - time.monotonic()))
 
     def _ensure_open(self) -> bool:
         if self.sink is not None:

@@ -444,9 +444,11 @@ class Run(RunBase):
         return report(self.run_dir, self.sink_names, upto=target, scan=self._scan())
 
     def request_flush(self) -> None:
-        """Ask every sink to flush what was logged so far as soon as it holds it, without waiting: a later
-        :meth:`flush` then waits for less. The Hugging Face integration asks as each step of the last second
-        of training starts, so the end of ``train()`` waits for the last step's records only.
+        """Ask every sink to flush what was logged so far soon, without waiting: a later :meth:`flush` then waits
+        for less. The Hugging Face integration asks as each step of the last second of training starts, so the end
+        of ``train()`` waits for the last steps' records only. A sink is flushed at most every
+        :data:`rllog.delivery.ASKED_FLUSH_MIN_GAP` for these requests (a flush per step cost the agent more than it
+        saved); its follower reads the journal at once.
 
         The journal writer is woken last: woken first, it took the GIL from the training thread while this call
         wrote the request (1-5 ms a call in a 60-step GRPO run, against 0.5 ms now). The agent looks at the request
@@ -457,19 +459,20 @@ class Run(RunBase):
         # In-process followers (delivery="thread", sink objects) woken now would read before the writer wrote the
         # records and honour the request only at their next poll: the writer wakes them once they are written.
         self._wake_at = target
-        self._ask_flush(target, wake_followers=False)
+        self._ask_flush(target, wake_followers=False, soon=True)
         self._writer.wake()
         self._wake_followers_if_asked(self._writer.written_seq)  # written already (the writer's last tick)
 
-    def _ask_flush(self, target: int, quiet: bool = False, wake_followers: bool = True) -> None:
-        """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``."""
+    def _ask_flush(self, target: int, quiet: bool = False, wake_followers: bool = True, soon: bool = False) -> None:
+        """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``
+        (``soon``: nobody waits; see :func:`rllog.delivery.request_flush`)."""
         from rllog.delivery import request_flush
 
         if wake_followers:
             for follower in self._followers:
                 follower.wake()
         try:
-            request_flush(self.run_dir, target)
+            request_flush(self.run_dir, target, soon=soon)
         except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
             if not quiet:
                 log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
