@@ -494,6 +494,11 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   at the final flush (0.2-0.33 s in 3 of 4 240-step runs). After: 0.08-0.21 s at 60 steps (median 0.11 s, 14
   runs) and 0.10-0.15 s at 240 (4 runs); the whole `train()` in those fresh-process rounds, 60 steps: 0.81-1.39x
   (median 1.07x, 6 rounds), 240 steps: 0.81-1.16x (median 1.12x, 4 rounds), on a machine whose steps ran 35-59 ms.
+  This benchmark run again at bdc54bc (not rendered here): fresh processes 1.15x at 60 steps (0.96-1.39) and 1.02x
+  at 240 (0.87-1.43); in one process the steady ratio read 1.44x, but parquet alone read 1.31x and transformers'
+  own callbacks 5.07x (4.00x above) while (a) stayed at 2.9 s: work beside training cost more in that hour on
+  every configuration, and a series of (a), (c), (c, parquet only) run next at 2286466 and at bdc54bc showed
+  no difference between the two (c/a 0.93 and 1.28 before, 1.04 and 1.21 after).
 - **Starting the agent early** (`rllog.prepare`, taken): imports (and MLflow's store) move to while the script
   loads torch, TRL and the model. A standby is now taken by a run with the same backends in any order.
 - **Looking up the backends once** (taken): `on_train_begin` read every installed package's metadata for rllog's entry

@@ -209,10 +209,6 @@ class FlushRequest:
         self.seq = 0
         self.waited_seq = 0
 
-    def read(self) -> int:
-        self.replaced()
-        return self.seq
-
     def replaced(self) -> bool:
         """Whether the request was written again since the last look (the seq read then)."""
         try:
