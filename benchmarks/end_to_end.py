@@ -491,7 +491,8 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   Those requests are honoured at most every 0.2 s (taken, at 993f13a; the trainer's `Run.flush` at once): flushed
   at every step, MLflow's `log_batch` (20 ms of CPU for one step, 7 ms a step in batches of 25), trackio's and
   Comet's flushes saturated the agent's core in that second, and traces showed wandb and MLflow 10-25 steps behind
-  at the final flush (0.2-0.33 s in 3 of 4 240-step runs). After: 0.08-0.21 s at 60 steps (median 0.11 s, 14
+  at the final flush (0.21-0.33 s in 3 of 4 traced 240-step runs, two
+  with the agent's GIL switch interval at 0.5 ms). After: 0.08-0.26 s at 60 steps (median 0.12 s, 14
   runs) and 0.10-0.15 s at 240 (4 runs); the whole `train()` in those fresh-process rounds, 60 steps: 0.81-1.39x
   (median 1.07x, 6 rounds), 240 steps: 0.81-1.16x (median 1.12x, 4 rounds), on a machine whose steps ran 35-59 ms.
   This benchmark run again at bdc54bc (not rendered here): fresh processes 1.15x at 60 steps (0.96-1.39) and 1.02x
