@@ -318,7 +318,6 @@ class Follower:
         self.thread: threading.Thread | None = None
         self._dirty = False  # written since the last flush
         self._flush_request = FlushRequest(run_info.run_dir)
-        self._flush_put_off = False  # the trainer asked for a flush (not waiting for it) too soon after the last one
         self._saved_key = ""  # what the cursor file holds (see _save)
         self._delivered_seq = self.seq  # the last seq handed to the sink (or skipped)
         self.caught_up_at = time.monotonic()  # when a read last found nothing new (the delivery lag is measured from it)
@@ -436,16 +435,18 @@ class Follower:
             return True
         request = self._flush_request
         request.replaced()
-        if self.seq < request.waited_seq <= self._delivered_seq:
+        if self._holds_unflushed(request.waited_seq):
             return True
-        asked = self.seq < request.seq <= self._delivered_seq
-        self._flush_put_off = asked and since < ASKED_FLUSH_MIN_GAP
-        return asked and not self._flush_put_off
+        return self._holds_unflushed(request.seq) and since >= ASKED_FLUSH_MIN_GAP
+
+    def _holds_unflushed(self, seq: int) -> bool:
+        """Whether record ``seq`` was delivered to the sink and not yet flushed."""
+        return self.seq < seq <= self._delivered_seq
 
     def _wait_before_reading(self, last_flush: float) -> float:
         """How long a caught-up follower waits before it reads again: ``poll_interval``, or until a flush it put
-        off is due."""
-        if not (self._dirty and self._flush_put_off):
+        off (asked for records it holds unflushed) is due."""
+        if not (self._dirty and self._holds_unflushed(self._flush_request.seq)):
             return self.poll_interval
         return min(self.poll_interval, max(0.0, last_flush + ASKED_FLUSH_MIN_GAP - time.monotonic()))
 
