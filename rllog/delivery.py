@@ -235,7 +235,8 @@ class FlushWatcher:
     With ``wakes`` (a file descriptor: the agent's stdin, which the trainer keeps open) it also looks as soon as
     a byte arrives: ``Run.flush`` writes one after its request (``AgentProcess.wake``), so the end of ``train()``
     does not wait for the next look (measured: the first follower read its records 8-21 ms after ``Run.flush``
-    began, 4 ms with the byte). At end of file it goes back to looking every interval.
+    began, 4 ms with the byte; the trackers' own work after it varies more). At end of file it goes back to looking
+    every interval.
     """
 
     def __init__(
