@@ -530,7 +530,25 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   With steps of seconds (a real model) the same per-step work is a few percent of a core. Delivery lag while training: about
   1.6 s at most (the journal's 50 ms, up to 0.5 s until the follower reads, then a flush within `flush_interval`) when the agent has a core; when training keeps every core busy it is at most ~30 s behind
   (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority, nice 10, until caught up), and every tracker is
-  caught up when `train()`/`evaluate()` return (the flush barrier) and at `finish`."""
+  caught up when `train()`/`evaluate()` return (the flush barrier) and at `finish`.
+- **Counted, not timed** (2026-11-24, `benchmarks/instructions.py`: the fresh-process tiny GRPO under valgrind's
+  callgrind at 10 and 30 steps; the difference is the per-step cost without start-up): the training thread executes
+  the same number of instructions per step with the mixin and six sinks as with `report_to="none"` to within 1%
+  (0.997x and 1.009x in two measurements; ~108M instructions a step), and all the training process's threads 1.02x
+  and 1.034x (the journal writer; an upper bound: under callgrind a step takes ~50x longer and timed threads wake
+  ~50x more often per step). So the training process does ~1-3% more work; the rest of the ratios above is the
+  agent's work beside training on this 2-core VM, the wait at the end of `train()`, and the machine's swings.
+- **The wait at the end of `train()`, traced** (timestamps of every read, delivery and flush in the agent, 6 runs):
+  the first follower read the last step's records 8-21 ms after `Run.flush` began, then the six sinks' work for that
+  step (MLflow's `log_batch` and trackio's commit end last), which the GIL serialises in the agent, took until
+  70-110 ms. `Run.flush` now also wakes the agent with a byte on its stdin (taken: the first read at 4 ms); the
+  wait over 6 interleaved runs each way stayed within noise (medians 0.098 s before, 0.107 s after). What is left
+  there is the trackers' own per-transaction work.
+- **The trainer's helper threads off the training thread's CPU** (measured, not taken): the journal writer and the
+  agent watcher pinned to the other CPU, parquet only, 5 fresh 60-step rounds: 1.04x against 1.04x unpinned.
+- **Parquet alone**: (c, parquet only) puts 0.1 s of CPU in the agent in the whole steady window, yet read 1.09x in
+  the series above (1.04x over 5 fresh 60-step rounds); with so little beside training, that part of every ratio
+  here is the trainer-side ~1-3% plus this machine's run-to-run noise."""
 
 
 def render_whole(results: dict) -> str:
