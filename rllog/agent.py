@@ -321,13 +321,14 @@ def _close_stdin(proc: subprocess.Popen) -> None:
     try:
         if proc.stdin is not None:
             proc.stdin.close()
-    except OSError:  # a wake byte still buffered for an agent that is gone
+    except OSError:  # the agent is gone
         pass
 
 
 def _launch(args: list[str], log_path: Path, system_interval: float | None) -> tuple[subprocess.Popen, int | None]:
     """Start ``python -m rllog.agent ARGS`` for this trainer; returns the process and the read end of its
-    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way."""
+    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way, as one
+    line, then the trainer's wakes (:meth:`AgentProcess.wake`)."""
     console_fd = _trainer_stdout()
     env = dict(os.environ)
     command = [sys.executable, "-m", "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
@@ -790,7 +791,9 @@ def main(argv: list[str] | None = None) -> int:
         "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
     )
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
-    parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
+    parser.add_argument(
+        OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (one JSON line) from standard input"
+    )
     parser.add_argument(
         STANDBY_ARG,
         action="store_true",
