@@ -17,14 +17,12 @@ upper bound; the main thread's is exact.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import harness
+from harness import run_case
 
 SCRIPT = Path(__file__).resolve().parent / "end_to_end.py"
 CONFIGS = {"a": {"mode": "none"}, "c0p": {"mode": "rllog", "delivery": "process", "warm": False, "prepare": True}}
@@ -32,15 +30,15 @@ CONFIGS = {"a": {"mode": "none"}, "c0p": {"mode": "rllog", "delivery": "process"
 
 def counted(key: str, steps: int, tmp: Path) -> dict[str, int]:
     """Instructions per thread ("main" and "all") of one fresh-process training under callgrind."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"cg-{key}-{steps}-", dir=tmp))
-    out = workdir / "callgrind.out"
-    params = CONFIGS[key] | {"steps": steps}
-    cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}", sys.executable, str(SCRIPT)]
-    cmd += ["--worker", "grpo", "--params", json.dumps(params), "--out", str(workdir / "result.json"), "--workdir", str(workdir)]
-    with open(workdir / "output.log", "wb") as log:
-        subprocess.run(cmd, env=harness.offline_env(workdir), cwd=workdir, stdout=log, stderr=subprocess.STDOUT, check=True)
+    out = Path(tempfile.mkdtemp(prefix=f"cg-{key}-{steps}-", dir=tmp)) / "callgrind.out"
+    valgrind = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}"]
+    result = run_case(
+        SCRIPT, "grpo", CONFIGS[key] | {"steps": steps}, tmp, timeout=3600, command=[*valgrind, sys.executable, str(SCRIPT)]
+    )
+    if "error" in result:
+        raise RuntimeError(f"{key}, {steps} steps under callgrind failed: {result['log']}")
     threads = {}
-    for path in workdir.glob("callgrind.out-*"):
+    for path in out.parent.glob("callgrind.out-*"):  # one file per thread: callgrind.out-01 is the main thread
         summary = next(line for line in path.read_text(errors="replace").splitlines() if line.startswith("summary:"))
         threads[path.name.rsplit("-", 1)[1]] = int(summary.split()[1])
     return {"main": threads["01"], "all": sum(threads.values())}
@@ -48,6 +46,8 @@ def counted(key: str, steps: int, tmp: Path) -> dict[str, int]:
 
 def main() -> None:
     short, long = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) > 2 else (10, 30)
+    if not 3 <= short < long:  # end_to_end's timed window starts at step 3
+        sys.exit(f"usage: instructions.py [SHORT LONG] with 3 <= SHORT < LONG, got {short} {long}")
     tmp = Path(tempfile.mkdtemp(prefix="rllog-instructions-"))
     jobs = [(key, steps) for steps in (short, long) for key in CONFIGS]
     with ThreadPoolExecutor(max_workers=2) as pool:  # callgrind runs one thread at a time: one run per core

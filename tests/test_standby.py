@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from sinks import wait_until
 
 import rllog
 from rllog import agent
@@ -171,8 +172,5 @@ def test_the_agent_reads_the_trainers_wake_bytes_from_its_stdin(tmp_path, prepar
     assert not stdin.closed and os.readlink(f"/proc/{run._agent.pid}/fd/0").startswith("pipe:")
     for _ in range(3):
         run._agent.wake()
-    deadline = time.monotonic() + 30
-    while _unread(stdin.fileno()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _unread(stdin.fileno()) == 0
+    assert wait_until(lambda: _unread(stdin.fileno()) == 0, timeout=30)
     assert run.finish().ok and stdin.closed
