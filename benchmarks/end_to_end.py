@@ -541,9 +541,9 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 - **The wait at the end of `train()`, traced** (timestamps of every read, delivery and flush in the agent, 6 runs):
   the first follower read the last step's records 8-21 ms after `Run.flush` began, then the six sinks' work for that
   step (MLflow's `log_batch` and trackio's commit end last), which the GIL serialises in the agent, took until
-  70-110 ms. `Run.flush` now also wakes the agent with a byte on its stdin (taken: the first read at 4 ms); the
-  wait over 6 interleaved runs each way stayed within noise (medians 0.098 s before, 0.107 s after). What is left
-  there is the trackers' own per-transaction work.
+  70-110 ms. Waking the agent with a byte on its stdin (tried, reverted: docs/decisions.md) moved the first read to
+  4 ms, but the wait over 6 interleaved runs each way stayed within noise (medians 0.098 s before, 0.107 s after).
+  What is left there is the trackers' own per-transaction work.
 - **The trainer's helper threads off the training thread's CPU** (measured, not taken): the journal writer and the
   agent watcher pinned to the other CPU, parquet only, 5 fresh 60-step rounds: 1.04x against 1.04x unpinned.
 - **Parquet alone**: (c, parquet only) puts 0.1 s of CPU in the agent in the whole steady window, yet read 1.09x in

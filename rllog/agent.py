@@ -147,17 +147,6 @@ class AgentProcess:
     def poll(self) -> int | None:
         return self.proc.poll() if self.proc is not None else None
 
-    def wake(self) -> None:
-        """Make the agent look at the flush request now (a byte on its stdin) instead of at its next look, up to
-        :data:`rllog.delivery.FLUSH_WATCH_INTERVAL` later. Never blocks: a full pipe already holds a wake."""
-        proc = self.proc
-        if proc is None or proc.stdin is None:
-            return
-        try:
-            os.write(proc.stdin.fileno(), b"w")
-        except (OSError, ValueError):  # full (a wake is pending), or the agent is gone (the watcher restarts it)
-            pass
-
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
@@ -184,8 +173,6 @@ class AgentProcess:
                 proc.kill()
                 proc.wait()
             return False
-        finally:
-            _close_stdin(proc)
 
     def wait_while_alive(self, deadline: float) -> None:
         """Block until the agent exits for good or ``deadline``; restarts (by the watcher) are waited through."""
@@ -216,7 +203,7 @@ class AgentProcess:
             payload = json.dumps(assignment) + "\n"
         else:
             proc, samples_read = _launch([str(self.run_dir)], self.run_dir / AGENT_LOG, self.system_interval)
-            payload = json.dumps(self.options) + "\n"
+            payload = json.dumps(self.options)
         if samples_read is not None:
             from rllog.system_metrics import SampleReader
 
@@ -226,16 +213,12 @@ class AgentProcess:
             self._samples = SampleReader(samples_read)
         try:
             assert proc.stdin is not None
-            # The payload is one line; stdin then stays open as the wake channel (:meth:`wake`).
             proc.stdin.write(payload.encode())
-            proc.stdin.flush()
-            os.set_blocking(proc.stdin.fileno(), False)
+            proc.stdin.close()
         except OSError:  # it died at once; the watcher sees it
             pass
         with self._lock:
-            previous, self.proc = self.proc, proc
-        if previous is not None:
-            _close_stdin(previous)
+            self.proc = proc
         self._started_at = time.monotonic()
         _agents.add(self)
 
@@ -317,18 +300,9 @@ def _last_line(path: Path) -> str:
         return ""
 
 
-def _close_stdin(proc: subprocess.Popen) -> None:
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-    except OSError:  # the agent is gone
-        pass
-
-
 def _launch(args: list[str], log_path: Path, system_interval: float | None) -> tuple[subprocess.Popen, int | None]:
     """Start ``python -m rllog.agent ARGS`` for this trainer; returns the process and the read end of its
-    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way, as one
-    line, then the trainer's wakes (:meth:`AgentProcess.wake`)."""
+    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way."""
     console_fd = _trainer_stdout()
     env = dict(os.environ)
     command = [sys.executable, "-m", "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
@@ -398,7 +372,11 @@ class Standby:
         that started it does anything (a forked child holds a copy of the object, not the agent)."""
         if self.owner_pid != os.getpid():
             return
-        _close_stdin(self.proc)
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
         if self.samples_read is not None:
             os.close(self.samples_read)
             self.samples_read = None
@@ -710,8 +688,7 @@ def serve(
                 started.join(5)
             raise
     if follow:
-        wakes = sys.stdin.fileno() if parent_pid is not None and sys.stdin is not None else None  # AgentProcess.wake
-        FlushWatcher(run_dir, followers, writer_gone=parent_gone, wakes=wakes).start()
+        FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
         PriorityGovernor(followers, os.environ.get(PRIORITY_ENV, "idle"), parent_pid).start()
     orphaned_at = None
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
@@ -791,9 +768,7 @@ def main(argv: list[str] | None = None) -> int:
         "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
     )
     parser.add_argument("--orphan-timeout", type=float, default=600.0)
-    parser.add_argument(
-        OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (one JSON line) from standard input"
-    )
+    parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
     parser.add_argument(
         STANDBY_ARG,
         action="store_true",
@@ -817,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_sampler(args.parent_pid, args.system_metrics_fd, args.system_interval, threading.Event())
     if not args.standby:
-        options = json.loads(sys.stdin.readline() or "{}") if args.options_stdin else None
+        options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
         _lower_priority(idle=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options, heap=heap)

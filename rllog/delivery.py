@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import random
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -232,25 +231,13 @@ class FlushWatcher:
 
     One thread looks at the request file every :data:`FLUSH_WATCH_INTERVAL`, so the followers can wait a
     whole :func:`live_poll_interval` between reads of the journal without making ``Run.flush`` wait for it.
-    With ``wakes`` (a file descriptor: the agent's stdin, which the trainer keeps open) it also looks as soon as
-    a byte arrives: ``Run.flush`` writes one after its request (``AgentProcess.wake``), so the end of ``train()``
-    does not wait for the next look (measured: the first follower read its records 8-21 ms after ``Run.flush``
-    began, 4 ms with the byte; the trackers' own work after it varies more). At end of file it goes back to looking
-    every interval.
     """
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike,
-        followers: list[Follower],
-        writer_gone: Callable[[], bool] = lambda: False,
-        wakes: int | None = None,
-    ):
+    def __init__(self, run_dir: str | os.PathLike, followers: list[Follower], writer_gone: Callable[[], bool] = lambda: False):
         self.request = FlushRequest(run_dir)
         self.request.replaced()  # a request from before this agent started is not news
         self.followers = followers
         self.writer_gone = writer_gone
-        self.wakes = wakes
 
     def start(self) -> FlushWatcher:
         threading.Thread(target=self._run, name="rllog-flush-watcher", daemon=True).start()
@@ -264,19 +251,7 @@ class FlushWatcher:
             if self.request.replaced() or just_gone:
                 for follower in self.followers:
                     follower.wake()
-            self._wait()
-
-    def _wait(self) -> None:
-        """Until the next look: :data:`FLUSH_WATCH_INTERVAL`, or less when the trainer writes to ``wakes``."""
-        if self.wakes is None:
             time.sleep(FLUSH_WATCH_INTERVAL)
-            return
-        try:
-            ready, _, _ = select.select([self.wakes], [], [], FLUSH_WATCH_INTERVAL)
-            if ready and not os.read(self.wakes, 4096):  # end of file: the trainer closed it (or is gone)
-                self.wakes = None
-        except (OSError, ValueError):
-            self.wakes = None
 
 
 def _kind(record: Any) -> str:

@@ -160,9 +160,6 @@ RESUME_MODES = ("allow", "must", "never")
 # The journal writer hands records to the OS at least this often, so the delivery agent works through them as they
 # come rather than in half-second bursts (the last burst was what a train()'s final flush waited for).
 JOURNAL_WRITE_INTERVAL = 0.05
-# How often Run.flush looks at the writer and the cursors: its whole wait is idle time of the training thread
-# (a train() ends with it), and a look costs ~0.03 ms a sink.
-BARRIER_POLL_SECONDS = 0.002
 SYSTEM_METRICS_ENV = (
     "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
 )
@@ -434,7 +431,7 @@ class Run(RunBase):
         deadline = time.monotonic() + timeout
         self._writer.wake()
         while self._writer.written_seq < target and time.monotonic() < deadline and self._writer.alive:
-            time.sleep(BARRIER_POLL_SECONDS)
+            time.sleep(0.005)
         from rllog.delivery import CursorStore, SinkState
 
         self._ask_flush(target)
@@ -443,7 +440,7 @@ class Run(RunBase):
             cursors = [store.load() for store in stores]
             if all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors):
                 break
-            time.sleep(BARRIER_POLL_SECONDS)  # a train() ends with this wait
+            time.sleep(0.005)  # a train() ends with this wait
         return report(self.run_dir, self.sink_names, upto=target, scan=self._scan())
 
     def request_flush(self) -> None:
@@ -479,11 +476,6 @@ class Run(RunBase):
         except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
             if not quiet:
                 log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
-        # The agent looks at the request every FLUSH_WATCH_INTERVAL; a waited-for request (its records are written:
-        # see flush) wakes it now. A request nobody waits for does not: its records may not be written yet, and
-        # a follower that read before them would honour it only at its next poll.
-        if not soon and self._agent is not None:
-            self._agent.wake()
 
     @property
     def run_id(self) -> str:

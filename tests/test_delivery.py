@@ -219,40 +219,6 @@ def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_an
     assert follower.join(30) and sink.closed_with == "finished"
 
 
-def test_a_byte_on_the_agents_stdin_makes_its_watcher_look_at_the_flush_request_at_once(tmp_path, monkeypatch):
-    """The agent's FlushWatcher looks at the request file every ``FLUSH_WATCH_INTERVAL``; ``Run.flush`` (the end of
-    ``train()``) also writes a byte to the agent's stdin (``AgentProcess.wake``) so that the followers start on its
-    records at once rather than up to one interval later. Here the interval is an hour: only the byte can wake it;
-    at end of file (the trainer closed it, or died) the watcher goes back to looking every interval."""
-    import rllog.delivery
-
-    monkeypatch.setattr(rllog.delivery, "FLUSH_WATCH_INTERVAL", 3600.0)
-    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
-    sink = MemorySink("watched")
-    follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
-    waited_since = follower.caught_up_at
-    follower.start()
-    assert wait_until(lambda: follower.caught_up_at > waited_since, timeout=30)  # read the empty journal, now waits
-    wakes, wake = os.pipe()
-    watcher = FlushWatcher(tmp_path / "r", [follower], wakes=wakes).start()
-    for step in range(5):
-        run.log({"reward": float(step)}, step=step)
-    run._writer.wake()
-    assert wait_until(lambda: run._writer.written_seq == 5, timeout=30)
-    request_flush(tmp_path / "r", 5)
-    threading.Event().wait(0.5)
-    assert sink.seqs == [] and sink.flushes == 0  # the request is there, but nobody looked
-    os.write(wake, b"w")
-    assert sink.wait_for(5) and sink.seqs == [1, 2, 3, 4, 5]
-    assert wait_until(lambda: sink.flushes == 1 and CursorStore(tmp_path / "r", "watched").load().seq == 5, timeout=30)
-    os.close(wake)
-    assert wait_until(lambda: watcher.wakes is None, timeout=30)  # end of file: back to a look every interval
-    os.close(wakes)
-    assert run.finish(timeout=60).ok
-    follower.wake()  # the watcher sleeps for an hour now
-    assert follower.join(30) and sink.closed_with == "finished"
-
-
 TRAINER = r"""
 import sys, time, rllog
 run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1)

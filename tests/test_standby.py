@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from sinks import wait_until
 
 import rllog
 from rllog import agent
@@ -142,35 +141,3 @@ def test_a_prepared_agent_samples_the_trainer_once_its_run_starts():
 
     mine = psutil.Process().memory_info().rss / 2**20
     assert rss and all(0.5 * mine < v < 2 * mine for v in rss), (rss, mine)  # the trainer's memory, not the agent's
-
-
-def _unread(fd: int) -> int:
-    """Bytes written to a pipe and not read yet (FIONREAD works on either end of a Linux pipe)."""
-    import array
-    import fcntl
-    import termios
-
-    count = array.array("i", [0])
-    fcntl.ioctl(fd, termios.FIONREAD, count)
-    return count[0]
-
-
-@pytest.mark.parametrize("prepared", [False, True], ids=["started-by-the-run", "a-standby"])
-def test_the_agent_reads_the_trainers_wake_bytes_from_its_stdin(tmp_path, prepared):
-    """``Run.flush`` wakes the agent's FlushWatcher with a byte on the agent's stdin (``AgentProcess.wake``) rather
-    than letting it find the request at its next look. The trainer keeps that pipe open after the run's options (or
-    a standby's run) went through it, and the agent reads what arrives: a wake written by the trainer is consumed,
-    while a byte nobody read would stay in the pipe. Closed with the run."""
-    if prepared:
-        assert rllog.prepare(["parquet"]) is True
-    run = rllog.init(["parquet"], run_dir=tmp_path / "r", system_metrics=False)
-    if prepared:
-        assert agent.waiting_standby() is None  # the run took it
-    run.log({"loss": 0.5}, step=0)
-    assert run.flush(timeout=60).ok  # the followers and their watcher are running
-    stdin = run._agent.proc.stdin
-    assert not stdin.closed and os.readlink(f"/proc/{run._agent.pid}/fd/0").startswith("pipe:")
-    for _ in range(3):
-        run._agent.wake()
-    assert wait_until(lambda: _unread(stdin.fileno()) == 0, timeout=30)
-    assert run.finish().ok and stdin.closed
