@@ -76,6 +76,8 @@ STATUS_KEY = "rllog_status"
 TABLE_KEY = "rllog_table"
 COLUMNS_KEY = "rllog_columns"
 PENDING_DIR = "comet_ml"  # below RUN_DIR: markers of offline sessions not yet archived
+#: How long Comet's offline writer thread waits for a message while ``end`` stops it (Comet's own: 1 s).
+END_QUEUE_TIMEOUT = 0.02
 
 
 def experiment_key(run_info: RunInfo) -> str:
@@ -266,6 +268,20 @@ def _wait_offline_written(experiment: Any, timeout: float) -> None:
         time.sleep(0.005)
 
 
+def _stop_writer_promptly(experiment: Any) -> None:
+    """Make ``end`` stop Comet's offline writer thread as soon as it has written everything.
+
+    ``end`` waits until the writer's queue is empty, flags the thread to stop and joins it; the thread sees the
+    flag only when its wait for the next message (``queue_timeout``, 1 s) runs out, so every offline ``end``
+    took a second more than the writing (comet_ml 3.58). Lowered before the status message is queued: the
+    writer wakes for that message and waits :data:`END_QUEUE_TIMEOUT` from then on. Messages are still taken
+    in order and all of them are written before the thread stops (``end`` empties the queue first).
+    """
+    streamer: Any = getattr(experiment, "streamer", None)
+    if isinstance(getattr(streamer, "queue_timeout", None), (int, float)):
+        streamer.queue_timeout = min(streamer.queue_timeout, END_QUEUE_TIMEOUT)
+
+
 def random_suffix() -> str:
     """Six random letters, like the suffix Comet gives the archive of a continued experiment."""
     import random
@@ -453,6 +469,8 @@ class CometSink:
             return
         with _mapped_errors():
             if not experiment.ended:  # else a repeated close: the experiment ended, its archive did not get written
+                if self._offline:
+                    _stop_writer_promptly(experiment)
                 experiment.log_other(STATUS_KEY, status)
                 experiment.end()
             if self._marker is not None and self._marker.is_file():
