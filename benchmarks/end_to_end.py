@@ -548,7 +548,18 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   agent watcher pinned to the other CPU, parquet only, 5 fresh 60-step rounds: 1.04x against 1.04x unpinned.
 - **Parquet alone**: (c, parquet only) puts 0.1 s of CPU in the agent in the whole steady window, yet read 1.09x in
   the series above (1.04x over 5 fresh 60-step rounds); with so little beside training, that part of every ratio
-  here is the trainer-side ~1-3% plus this machine's run-to-run noise."""
+  here is the trainer-side ~1-3% plus this machine's run-to-run noise.
+- **The agent stopped while training** (measured, 2026-11-24 evening, 5 interleaved fresh 60-step rounds: the agent
+  process `SIGSTOP`ped from step 3 to the last step by a hook outside the repository, then resumed): the median step
+  took 0.84-1.05x (median 0.99x) the time of (a)'s in the same round, against 0.87-1.44x (median 1.11x) with the
+  agent running. With the journal written and every rllog call made, the trainer alone costs about nothing per step;
+  the per-step cost is the trackers' work running beside training. It is not CPU time taken from training: in a
+  `perf` scheduler trace of a whole run the agent's threads ran 0.03 s on the training thread's CPU, and the training
+  thread was preempted mostly by the kernel's RCU thread (121 of 180 times, microseconds each).
+- **Ending Comet's offline experiment** (taken, at 534021a): `finish` took 1.12 s after every run, 1.0 s of it waiting
+  for Comet's writer thread, which noticed only once a second that `end()` had stopped it. The sink lowers that wait
+  to 20 ms before it ends the experiment: `finish` 0.12 s. The whole script (imports, model, `train()`, `finish`)
+  then read 1.02x at 60 steps and 1.05x at 240 (1.02x and 1.08x before, at a8f53c8)."""
 
 
 def render_whole(results: dict) -> str:
