@@ -559,7 +559,11 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 - **Ending Comet's offline experiment** (taken, at 534021a): `finish` took 1.12 s after every run, 1.0 s of it waiting
   for Comet's writer thread, which noticed only once a second that `end()` had stopped it. The sink lowers that wait
   to 20 ms before it ends the experiment: `finish` 0.12 s. The whole script (imports, model, `train()`, `finish`)
-  then read 1.02x at 60 steps and 1.05x at 240 (1.02x and 1.08x before, at a8f53c8)."""
+  then read 1.02x at 60 steps and 1.05x at 240 (1.02x and 1.08x before, at a8f53c8). The same benchmark run again
+  right after (not rendered here): fresh `train()` 1.19x at 60 steps (0.98-1.41) and 1.08x at 240 (0.95-1.20), the
+  whole script 1.05x and 1.01x; the 14 fresh rounds of both runs together: `train()` 1.17x at 60 steps, 1.08x at 240.
+  A separate series of 9 interleaved fresh 60-step rounds that hour read 0.99x (0.77-1.17): the machine's swings
+  between rounds are larger than the gap to the target."""
 
 
 def render_whole(results: dict) -> str:
