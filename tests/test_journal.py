@@ -133,3 +133,29 @@ def test_sigkill_loses_nothing_older_than_flush_interval(tmp_path):
         assert must_have, "the child logged for long enough"
         assert must_have <= found, sorted(must_have - found)[:10]
         assert found == set(range(1, max(found) + 1))  # a prefix: nothing in between lost
+
+
+def test_tables_are_encoded_on_the_thread_that_logs_them(tmp_path, monkeypatch):
+    """pyarrow's IPC writer releases the GIL several times per table; on the journal's thread that made a training
+    thread wait for the GIL at each release (docs/decisions.md), so ``append`` encodes a table before it returns."""
+    import threading
+
+    import rllog
+
+    threads = []
+    encode_table = journal.encode_table
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return encode_table(*args, **kwargs)
+
+    monkeypatch.setattr(journal, "encode_table", spy)
+    run = rllog.init(["parquet"], run_dir=tmp_path / "run", delivery="thread", system_metrics=False)
+    for step in range(3):
+        run.log_table("completions", {"step": [step, step], "text": ["a", "b"]}, step=step)
+        run.log({"loss": step / 2}, step=step)
+    assert run.finish().ok
+    assert threads == [threading.current_thread().name] * 3
+    tables = [r for r in read_all(tmp_path / "run") if isinstance(r, TableRecord)]
+    assert [(r.step, r.table.column("text").to_pylist()) for r in tables] == [(s, ["a", "b"]) for s in range(3)]
+    assert rllog.read_table(tmp_path / "run", "completions").column("step").to_pylist() == [0, 0, 1, 1, 2, 2]
