@@ -254,13 +254,15 @@ class MlflowSink:
 
     @classmethod
     def prepare(cls) -> None:
-        """Open the local SQLite tracking store ``MLFLOW_TRACKING_URI`` names (MLflow creates its tables if the
-        file is new: seconds), so the run's ``open`` finds it ready. It reads only: no experiment or run is made."""
-        uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-        if uri.startswith("sqlite:"):
-            from mlflow import MlflowClient
+        """Open the local SQLite tracking store the run will use (``MLFLOW_TRACKING_URI``, else MLflow's default,
+        ``mlflow.db`` in the working directory), so the run's ``open`` finds it ready: MLflow creates its tables
+        if the file is new (~2 s of CPU) and checks them in every new process (~0.6 s for an existing file,
+        measured). It reads only: no experiment or run is made. A tracking server (``http...``) is left alone."""
+        import mlflow
 
-            MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+        if uri.startswith("sqlite:"):
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
 
     def __init__(
         self,

@@ -77,6 +77,29 @@ def test_a_prepared_agent_opens_nothing_then_delivers_the_next_run_with_the_envi
     assert not standby.log_path.exists()
 
 
+def test_a_standby_makes_mlflows_default_store_ready_without_a_run(tracker_dirs, monkeypatch, tmp_path):
+    """With no ``MLFLOW_TRACKING_URI``, MLflow's default store (``mlflow.db`` in the working directory) is the one
+    prepared: created and checked by the standby (seconds), so the run's ``open`` does not do it while training."""
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    assert rllog.prepare(["mlflow"]) is True
+    standby = agent.waiting_standby()
+    _waiting_for_its_run(standby.proc.pid)
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:  # the tables are there, no run yet
+        assert db.execute("select count(*) from runs").fetchone() == (0,)
+    run = rllog.init(["mlflow"], project="default-store")
+    assert run._agent.pid == standby.proc.pid
+    run.log({"loss": 0.5}, step=3)
+    assert run.finish().ok
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (mlflow_run,) = client.search_runs([client.get_experiment_by_name("default-store").experiment_id])
+    assert [(m.step, m.value) for m in client.get_metric_history(mlflow_run.info.run_id, "loss")] == [(3, 0.5)]
+
+
 def test_a_standby_for_other_backends_or_a_dead_one_is_replaced(tracker_dirs):
     from readers import read_back
 
