@@ -159,3 +159,14 @@ def test_tables_are_encoded_on_the_thread_that_logs_them(tmp_path, monkeypatch):
     tables = [r for r in read_all(tmp_path / "run") if isinstance(r, TableRecord)]
     assert [(r.step, r.table.column("text").to_pylist()) for r in tables] == [(s, ["a", "b"]) for s in range(3)]
     assert rllog.read_table(tmp_path / "run", "completions").column("step").to_pylist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_wait_written_returns_when_the_entry_is_handed_to_the_os(tmp_path):
+    w = JournalWriter(tmp_path, write_interval=30.0)  # no tick during the test: only wake() writes
+    w.append(PendingMetrics(1, 0, 1.0, {"v": 1.0}))
+    assert w.wait_written(1, timeout=0.2) is False and w.written_seq == 0
+    w.wake()
+    assert w.wait_written(1, timeout=10.0) is True
+    assert [r.values["v"] for r in read_all(tmp_path) if isinstance(r, MetricsRecord)] == [1.0]
+    w.close("finished")
+    assert w.wait_written(5, timeout=10.0) is False  # a writer that stopped is not waited for
