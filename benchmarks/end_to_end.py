@@ -555,7 +555,35 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   agent running. With the journal written and every rllog call made, the trainer alone costs about nothing per step;
   the per-step cost is the trackers' work running beside training. It is not CPU time taken from training: in a
   `perf` scheduler trace of a whole run the agent's threads ran 0.03 s on the training thread's CPU, and the training
-  thread was preempted mostly by the kernel's RCU thread (121 of 180 times, microseconds each).
+  thread was preempted mostly by the kernel's RCU thread (121 of 180 times, microseconds each). Not reproduced the
+  next day (parquet only, 5 rounds, the agent stopped the same way: step 1.08x); the trainer's side was not free,
+  see the next item.
+- **Tables encoded on the training thread** (taken, at 5276b72; measured 2026-11-24 late evening with interleaved
+  fresh-process rounds, trackers and run directory on tmpfs): with parquet alone, `train()` read 1.06x and the median
+  step 1.06x of (a) (6 rounds of 60 steps), and the training thread's CPU time in a 240-step `train()` was 0.3-0.55 s
+  higher than (a)'s, although rllog's own calls on it took ~0.45 ms a step (timed per call). Switching rllog's pieces
+  off one at a time put the cost on the completions table, and `/proc/thread-self/status` on blocking: the training
+  thread blocked ~1,050 times (voluntary context switches) in `train()` against ~10 in (a) and ~180 without tables.
+  pyarrow's IPC writer, encoding each table on the journal's writer thread, released the GIL several times per
+  table, and every torch op of the training thread releases it too: each such release was a hand-over. Encoded on
+  the thread that logs the table (`JournalWriter.append`, ~0.1 ms): ~350 blocks, and parquet alone 1.0x (6.09 and
+  6.13 s against 6.27 and 6.07 s over 240 steps). The same rounds with the five trackers + parquet: 60 steps 1.06x
+  (1.02-1.21, 6 rounds), 240 steps 1.04x (1.01-1.10).
+- **What the rest is, by where the files go** (the same rounds, 60 steps, five trackers + parquet, 5-6 rounds each):
+  everything on tmpfs 1.06x; the run directory (journal, cursors, parquet) on the disk 1.08x; the trackers' files on
+  the disk 1.11x; both on the disk, as in this benchmark, 1.14x. This VM's disk interrupts are all taken by one of its
+  two CPUs, and the trackers' SQLite stores sync at every commit: `strace` counted 208 `fsync`/`fdatasync` calls in a
+  240-step `train()` (MLflow ~100 in its rollback journal mode, trackio ~108). Flushing the sinks every 5 s instead of
+  every second: 1.12x (measured, not taken: within the noise, and the parquet store must be readable within about
+  two flush intervals).
+- **The end of `train()`** (taken, at 5eefbb4): `Run.flush` waits for the journal write on a condition the writer
+  notifies instead of a 5 ms poll, and reads the cursors every 2 ms instead of 5 (~5 ms of polling on average);
+  traced, the end of a 60-step `train()` then spent ~4 ms in TRL's last `log`, ~12 ms until the agent read the last
+  step (the agent looks every 10 ms), ~25 ms in the six sinks' work for that step, serialised by the GIL.
+- **MLflow's default store prepared** (taken, at 82c55d1): without `MLFLOW_TRACKING_URI` the standby did not prepare
+  MLflow's default store (`mlflow.db` in the working directory), and MLflow's first `open` checked it while training
+  ran: 0.63 s of the agent's CPU and 1.7 s before MLflow's run existed (18 ms prepared). This benchmark sets the
+  variable, so its figures do not show it.
 - **Ending Comet's offline experiment** (taken, at 534021a): `finish` took 1.12 s after every run, 1.0 s of it waiting
   for Comet's writer thread, which noticed only once a second that `end()` had stopped it. The sink lowers that wait
   to 20 ms before it ends the experiment: `finish` 0.12 s. The whole script (imports, model, `train()`, `finish`)
