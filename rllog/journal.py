@@ -23,9 +23,9 @@ seq 0). A resumed run (a new attempt) starts a new segment; an end marker follow
 ended an attempt, not the run.
 
 One background thread per run writes (:class:`JournalWriter`); ``append`` only puts the entry in a
-deque (no disk wait), a table encoded first. A writer never appends to a segment it did not create, and a write the disk
-refuses halfway (ENOSPC) is cut back to the last complete frame and retried later: a segment never
-holds a broken frame except a crash's tail.
+deque (no disk wait; a table is encoded first, on the caller's thread). A writer never appends to a
+segment it did not create, and a write the disk refuses halfway (ENOSPC) is cut back to the last
+complete frame and retried later: a segment never holds a broken frame except a crash's tail.
 """
 
 from __future__ import annotations
