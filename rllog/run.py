@@ -161,8 +161,11 @@ RESUME_MODES = ("allow", "must", "never")
 # come rather than in half-second bursts (the last burst was what a train()'s final flush waited for).
 JOURNAL_WRITE_INTERVAL = 0.05
 # How often ``Run.flush`` reads the sinks' cursors while it waits (a read of six cursor files: ~0.2 ms, on a training
-# thread that has nothing else to do then; every 5 ms added 2.5 ms on average to the end of each train()).
+# thread that has nothing else to do then; every 5 ms added 2.5 ms on average to the end of each train()), and, past
+# FLUSH_FAST_POLL_FOR seconds (a tracker that is slow or retrying), the slower pace that costs next to no CPU.
 FLUSH_POLL_SECONDS = 0.002
+FLUSH_FAST_POLL_FOR = 0.5
+FLUSH_SLOW_POLL_SECONDS = 0.02
 SYSTEM_METRICS_ENV = (
     "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
 )
@@ -431,7 +434,8 @@ class Run(RunBase):
         with self._lock:
             self._check_open()
             target = self._seq
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         self._writer.wake()
         self._writer.wait_written(target, timeout)
         from rllog.delivery import CursorStore, SinkState
@@ -442,7 +446,8 @@ class Run(RunBase):
             cursors = [store.load() for store in stores]
             if all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors):
                 break
-            time.sleep(FLUSH_POLL_SECONDS)  # a train() ends with this wait
+            fast = time.monotonic() - started < FLUSH_FAST_POLL_FOR
+            time.sleep(FLUSH_POLL_SECONDS if fast else FLUSH_SLOW_POLL_SECONDS)  # a train() ends with this wait
         return report(self.run_dir, self.sink_names, upto=target, scan=self._scan())
 
     def request_flush(self) -> None:
