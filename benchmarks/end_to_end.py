@@ -577,8 +577,8 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   every second: 1.12x (measured, not taken: within the noise, and the parquet store must be readable within about
   two flush intervals).
 - **The end of `train()`** (taken, at 5eefbb4): `Run.flush` waits for the journal write on a condition the writer
-  notifies instead of a 5 ms poll, and reads the cursors every 2 ms instead of 5 (~5 ms of polling on average);
-  traced, the end of a 60-step `train()` then spent ~4 ms in TRL's last `log`, ~12 ms until the agent read the last
+  notifies instead of a 5 ms poll, and reads the cursors every 2 ms instead of 5 (~5 ms of polling on average;
+  every 20 ms after its first 0.5 s, at e7d801e, so a slow tracker does not keep it reading); traced, the end of a 60-step `train()` then spent ~4 ms in TRL's last `log`, ~12 ms until the agent read the last
   step (the agent looks every 10 ms), ~25 ms in the six sinks' work for that step, serialised by the GIL.
 - **MLflow's default store prepared** (taken, at 82c55d1): without `MLFLOW_TRACKING_URI` the standby did not prepare
   MLflow's default store (`mlflow.db` in the working directory), and MLflow's first `open` checked it while training
