@@ -513,3 +513,64 @@ def test_agent_cpus_setting_and_processes_the_agent_started(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True).stdout
     cpu, agent, child = out.split()
     assert agent == child == f"[{cpu}]"
+
+
+def _mount_type(path: Path) -> str:
+    """The file system type of the mount holding ``path`` (the longest mount point that is a prefix of it)."""
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _device, mount_point, fs_type, *_ = line.split()
+        if str(path.resolve()).startswith(mount_point.rstrip("/") + "/") and len(mount_point) > len(best):
+            best, kind = mount_point, fs_type
+    return kind
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's per-process I/O accounting")
+def test_small_files_are_replaced_without_a_disk_write_each(tmp_path):
+    """ext4 writes a file renamed over another to disk at once (auto_da_alloc); cursors and flush requests are
+    replaced ~80 times in a 60-step GRPO run, so rllog swaps the new file in instead (renameat2 RENAME_EXCHANGE).
+    Linux counts the bytes of pages dropped dirty, never written (``cancelled_write_bytes``): each replaced
+    version's page, when nothing wrote it out."""
+    from rllog.files import replace_file
+
+    if _mount_type(tmp_path) != "ext4":
+        pytest.skip(f"the rename-over write-out is ext4's ({tmp_path} is on {_mount_type(tmp_path) or 'unknown'})")
+
+    def never_written() -> int:
+        io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+        return int(io["cancelled_write_bytes"])
+
+    path = tmp_path / "delivery" / "cursor.json"
+    replace_file(path, "0")
+    before = never_written()
+    for value in range(1, 51):
+        replace_file(path, f'{{"seq": {value}}}')
+    assert never_written() - before >= 25 * 4096  # os.replace: ~0, each version written out as it was replaced
+    assert path.read_text() == '{"seq": 50}'
+    assert sorted(p.name for p in path.parent.iterdir()) == ["cursor.json"]  # the old contents went with the swap
+
+
+def test_a_replaced_file_is_read_whole_by_a_reader_racing_the_writer(tmp_path):
+    from rllog.files import replace_file
+
+    path = tmp_path / "flush-request"
+    replace_file(path, "0" * 10)
+    done = threading.Event()
+    seen: list[str] = []
+
+    def read_while_written() -> None:
+        while not done.is_set():
+            seen.append(path.read_text())
+
+    reader = threading.Thread(target=read_while_written)
+    reader.start()
+    try:
+        for value in range(1, 2001):
+            replace_file(path, f"{value:010d}" + " soon" * (value % 2))  # lengths differ, as a request's do
+    finally:
+        done.set()
+        reader.join()
+    values = [int(text.split()[0]) for text in seen]  # a torn read would not parse, or read a wrong length
+    assert all(len(text.split()[0]) == 10 for text in seen)
+    assert values == sorted(values) and len(values) > 100  # old or new, never a mix: one writer, so never back
+    assert path.read_text() == "0000002000"
