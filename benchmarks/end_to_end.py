@@ -576,6 +576,16 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   240-step `train()` (MLflow ~100 in its rollback journal mode, trackio ~108). Flushing the sinks every 5 s instead of
   every second: 1.12x (measured, not taken: within the noise, and the parquet store must be readable within about
   two flush intervals).
+- **Small files swapped in, not renamed over** (taken, at 4f3017e, `rllog.files.replace_file`): ext4 writes a file
+  renamed over another to disk at once (`auto_da_alloc`), so each cursor save and flush request (~80 in a 60-step
+  run) was a disk write, and its interrupt and I/O-completion worker ran on the CPU that takes the disk's interrupts,
+  where the training thread often runs (a `perf` trace of one 60-step `train()`: ~950 block-request completions
+  landed on the training thread). Swapped in (`renameat2(RENAME_EXCHANGE)`), 200 replacements made 0 such writes
+  instead of 200. 8 interleaved fresh 60-step rounds, every file on the disk: `train()` 1.09x (0.99-1.17) against
+  1.145x (1.12-1.25) the same hour before; median step 1.04x against 1.10x. The trackers' own triggers of the same
+  write (wandb's staging copy of each table, 2 a step; Comet's offline message files, 1 a step) avoided as well by a
+  patch loaded in every process (measured, not taken: 1.10x over 8 rounds, no change; it would mean patching the
+  trackers' internals). What the disk still gets while training is the SQLite stores' syncs (MLflow, trackio).
 - **The end of `train()`** (taken, at 5eefbb4): `Run.flush` waits for the journal write on a condition the writer
   notifies instead of a 5 ms poll, and reads the cursors every 2 ms instead of 5 (~5 ms of polling on average;
   every 20 ms after its first 0.5 s, at e7d801e, so a slow tracker does not keep it reading); traced, the end of a 60-step `train()` then spent ~4 ms in TRL's last `log`, ~12 ms until the agent read the last
