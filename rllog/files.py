@@ -15,7 +15,6 @@ atomic for readers and for a killed process; like the rename, it does not promis
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import sys
 import threading
@@ -30,7 +29,7 @@ def _load_renameat2() -> Any:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        function = ctypes.CDLL(None, use_errno=True).renameat2
+        function = ctypes.CDLL(None).renameat2
     except (OSError, AttributeError):  # a libc older than glibc 2.28
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
@@ -42,16 +41,12 @@ _renameat2 = _load_renameat2()
 
 
 def _swap(new: Path, old: Path) -> bool:
-    """Exchange ``new`` and ``old`` atomically; False when that cannot be done here (no such call, a file system
-    without the flag, ``old`` missing), so the caller renames instead."""
+    """Exchange ``new`` and ``old`` atomically; False when that was not done (``old`` missing, no such call, a file
+    system without the flag such as NFS, or layers of an overlay), so the caller renames instead: the rename
+    raises the error that matters, if there is one."""
     if _renameat2 is None:
         return False
-    if _renameat2(_AT_FDCWD, os.fsencode(new), _AT_FDCWD, os.fsencode(old), _RENAME_EXCHANGE) == 0:
-        return True
-    error = ctypes.get_errno()
-    if error in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(error, os.strerror(error), str(old))
+    return _renameat2(_AT_FDCWD, os.fsencode(new), _AT_FDCWD, os.fsencode(old), _RENAME_EXCHANGE) == 0
 
 
 def replace_file(path: Path, text: str) -> None:

@@ -550,9 +550,15 @@ def test_small_files_are_replaced_without_a_disk_write_each(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["cursor.json"]  # the old contents went with the swap
 
 
-def test_a_replaced_file_is_read_whole_by_a_reader_racing_the_writer(tmp_path):
+@pytest.mark.parametrize("swap", [True, False], ids=["swapped", "renamed"])
+def test_a_replaced_file_is_read_whole_by_a_reader_racing_the_writer(tmp_path, monkeypatch, swap):
+    """Old or new content, never a mix, whether the file is swapped in or (where the system cannot swap: no
+    ``renameat2``, NFS) renamed over the old one."""
+    from rllog import files
     from rllog.files import replace_file
 
+    if not swap:
+        monkeypatch.setattr(files, "_renameat2", lambda *args: -1)  # as a file system without RENAME_EXCHANGE
     path = tmp_path / "flush-request"
     replace_file(path, "0" * 10)
     done = threading.Event()
