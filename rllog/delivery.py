@@ -626,7 +626,7 @@ class Follower:
         self.saved.state, self.saved.error, self.saved.status = state, self.error, self.status
         self.saved.damage = self._damage.as_dict()
         # A write that acknowledges nothing (a buffering sink between flushes) saves nothing: a cursor file
-        # is a new file and a rename, metadata the filesystem journals, ~20 a second per sink otherwise.
+        # is a new file and a swap (rllog.files), metadata the filesystem journals, ~20 a second per sink otherwise.
         key = json.dumps([self.saved.seq, self.saved.ahead, state, self.error, self.status, self.saved.damage,
                           self.saved.dead_letter_count])  # fmt: skip
         if key == self._saved_key:
