@@ -236,6 +236,18 @@ def _skip_temporary_fsync() -> None:
         artifact.fsync_open = _open_unsynced
 
 
+def _mixed_table(wandb: Any, columns: list[Any], rows: list[list[Any]]) -> Any:
+    """``wandb.Table(columns=columns, data=rows, allow_mixed_types=True)`` without its per-row type check.
+
+    With mixed types allowed, every column is typed "any or none" whatever the rows hold, so the check of each
+    row's cells (``Table.add_data``) changes nothing: the rows are set directly. Same table file, same column types
+    (compared); ~0.03 ms for a 16-row completions table instead of ~0.6 (one a step, in the agent beside training).
+    """
+    table = wandb.Table(columns=columns, allow_mixed_types=True)
+    table.data = rows
+    return table
+
+
 def _clean_project(project: str) -> str:
     return re.sub(r"[/\\#?%:]", "-", project)[:MAX_PROJECT_CHARS] or "rllog"
 
@@ -422,9 +434,7 @@ class WandbSink:
             parts = {name: rows}
         else:
             parts = {f"{name}/part_{i}": rows[i * n : (i + 1) * n] for i in range(math.ceil(len(rows) / n))}
-        row: dict[str, Any] = {
-            key: wandb.Table(columns=columns, data=data, allow_mixed_types=True) for key, data in parts.items()
-        }
+        row: dict[str, Any] = {key: _mixed_table(wandb, columns, data) for key, data in parts.items()}
         row[self.step_key] = record.step
         with _mapped():
             run.log(row)

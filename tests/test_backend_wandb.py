@@ -241,6 +241,24 @@ def test_tables_with_odd_cells(tracker_dirs, tmp_path):
     assert back.metrics == {"reward": [(0, 0.5)]}  # tables are not metrics
 
 
+def test_tables_are_built_as_wandb_builds_them_without_its_per_row_check():
+    """The sink sets a mixed-type table's rows directly (wandb's per-row type check changes nothing there):
+    the table and its column types must be exactly what ``wandb.Table(..., data=rows, allow_mixed_types=True)``
+    makes, with the odd cells a completions table has."""
+    import wandb
+
+    from rllog_backends.wandb import _mixed_table
+
+    columns = ["step", "prompt", "completion", "reward", "tokens", "meta"]
+    rows = [[str(i), f"{i}+{i}=", "x" * i, i / 4, [i, i + 1], {"k": i}] for i in range(16)]
+    rows.append([None, "", None, float("nan"), [], None])
+    ours = _mixed_table(wandb, columns, [list(r) for r in rows])
+    theirs = wandb.Table(columns=columns, data=[list(r) for r in rows], allow_mixed_types=True)
+    assert json.dumps(ours._to_table_json()) == json.dumps(theirs._to_table_json())
+    assert ours._column_types.to_json() == theirs._column_types.to_json()
+    assert ours.data == theirs.data and len(ours.data) == 17
+
+
 def test_tables_cost_no_disk_sync_and_land_whole(tracker_dirs, tmp_path, monkeypatch):
     """wandb fsyncs the temporary copy of each table it then copies to its staging area (one disk flush per table,
     what slowed training beside the agent); the sink turns that sync off, and the tables still land exactly."""
