@@ -595,6 +595,10 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 - **The end of `train()` by sink** (cursor save times of the six sinks after the barrier began, 3 traced 60-step
   runs at 4f3017e): parquet 4-15 ms, TensorBoard 10-14, Comet 33-50, wandb 43-54, trackio 51-57, MLflow 57-62 (the
   barrier 59-66 ms): MLflow's and trackio's transactions of up to 0.2 s of rows, with their SQLite syncs, end last.
+  Asking for the last step's flush at once (measured, not taken): MLflow's flush of the ~12 steps since its
+  previous one (24-29 ms of CPU, 55-61 ms of wall time beside the other sinks) then started as the last step did
+  and still ran when the barrier began; MLflow's flush of the last step alone took 10 ms of CPU after it. The
+  barrier over 6 interleaved runs each way: median 57 ms (42-68) against 60.5 ms (53-72): within the noise.
 - **The training thread pinned to either CPU** (measured, not taken: a library does not pin its user's threads):
   5 rounds each, the agent on the other CPU: 1.08x with the training thread on the CPU that takes the disk's
   interrupts, 1.075x on the other; the per-round swings are larger than that difference.
