@@ -599,6 +599,9 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   previous one (24-29 ms of CPU, 55-61 ms of wall time beside the other sinks) then started as the last step did
   and still ran when the barrier began; MLflow's flush of the last step alone took 10 ms of CPU after it. The
   barrier over 6 interleaved runs each way: median 57 ms (42-68) against 60.5 ms (53-72): within the noise.
+  Asking at once ~0.1 s before the end instead (taken, `END_FLUSH_AT_ONCE_SECONDS`, once per `train()`): 44 ms
+  (41.6-50.2) against 58 ms (46.2-61.9), lower in each of 8 interleaved pairs; `train()` itself 1.815 s against
+  1.81 s (medians), the 14 ms lost in the rounds' swings.
 - **The training thread pinned to either CPU** (measured, not taken: a library does not pin its user's threads):
   5 rounds each, the agent on the other CPU: 1.08x with the training thread on the CPU that takes the disk's
   interrupts, 1.075x on the other; the per-round swings are larger than that difference.

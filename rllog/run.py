@@ -137,7 +137,7 @@ class NullRun(RunBase):
     def flush(self, timeout: float = 60.0) -> FinishReport:
         return FinishReport()
 
-    def request_flush(self) -> None:
+    def request_flush(self, at_once: bool = False) -> None:
         pass
 
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
@@ -450,12 +450,12 @@ class Run(RunBase):
             time.sleep(FLUSH_POLL_SECONDS if fast else FLUSH_SLOW_POLL_SECONDS)  # a train() ends with this wait
         return report(self.run_dir, self.sink_names, upto=target, scan=self._scan())
 
-    def request_flush(self) -> None:
+    def request_flush(self, at_once: bool = False) -> None:
         """Ask every sink to flush what was logged so far soon, without waiting: a later :meth:`flush` then waits
         for less. The Hugging Face integration asks as each step of the last second of training starts, so the end
         of ``train()`` waits for the last steps' records only. A sink is flushed at most every
         :data:`rllog.delivery.ASKED_FLUSH_MIN_GAP` for these requests (a flush per step cost the agent more than it
-        saved); its follower reads the journal at once.
+        saved), unless ``at_once``; its follower reads the journal at once.
 
         The journal writer is woken last: woken first, it took the GIL from the training thread while this call
         wrote the request (1-5 ms a call in a 60-step GRPO run, against 0.5 ms now). The agent looks at the request
@@ -466,7 +466,7 @@ class Run(RunBase):
         # In-process followers (delivery="thread", sink objects) woken now would read before the writer wrote the
         # records and honour the request only at their next poll: the writer wakes them once they are written.
         self._wake_at = target
-        self._ask_flush(target, wake_followers=False, soon=True)
+        self._ask_flush(target, wake_followers=False, soon=not at_once)
         self._writer.wake()
         self._wake_followers_if_asked(self._writer.written_seq)  # written already (the writer's last tick)
 

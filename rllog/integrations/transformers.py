@@ -63,6 +63,7 @@ STATE_KEY = "rllog"
 # what came before it: the agent reads the journal only every half second otherwise, so at the end of train() it
 # would still hold up to that much to deliver, and MLflow and trackio up to flush_interval of rows to commit.
 END_FLUSH_LEAD_SECONDS = 1.0
+END_FLUSH_AT_ONCE_SECONDS = 0.1
 DEFAULT_PROJECT = "huggingface"  # TrainingArguments.project's default, and the wandb project transformers uses by default
 
 
@@ -247,6 +248,7 @@ class RLLogCallback(TrainerCallback):
         self._release: _Release | None = None
         self._training = False
         self._train_started: tuple[float, int] | None = None  # (monotonic time, global_step) when train() began
+        self._asked_at_once = False  # this train() asked for a flush at once (END_FLUSH_AT_ONCE_SECONDS)
         if run is None:
             prepare_agent(self, report_to, init_kwargs)
 
@@ -341,6 +343,7 @@ class RLLogCallback(TrainerCallback):
         self._clock.state = state
         self._training = True
         self._train_started = (time.monotonic(), state.global_step)
+        self._asked_at_once = False
         if state.is_world_process_zero:
             self.start(args, model, state)
         if self.run is not None:
@@ -356,20 +359,28 @@ class RLLogCallback(TrainerCallback):
             # waits for the last step's records only.
             request = getattr(self.run, "request_flush", None)
             if request is not None:
-                request()
+                at_once = not self._asked_at_once and self._seconds_left(state) <= END_FLUSH_AT_ONCE_SECONDS
+                self._asked_at_once |= at_once
+                request(at_once=at_once)
 
     def _near_the_end(self, state: Any) -> bool:
         """The last step, or one of the steps of the last :data:`END_FLUSH_LEAD_SECONDS` of training."""
         left = state.max_steps - state.global_step
         if state.max_steps <= 0 or left <= 0:
             return False
-        if left == 1:
-            return True
+        return self._seconds_left(state) <= END_FLUSH_LEAD_SECONDS
+
+    def _seconds_left(self, state: Any) -> float:
+        """The training time left, estimated from the steps done in this ``train()``: 0 at the last step, infinite
+        before any step is done."""
+        left = state.max_steps - state.global_step
+        if left <= 1:
+            return 0.0
         if self._train_started is None:
-            return False
+            return math.inf
         started, first_step = self._train_started
         done = state.global_step - first_step
-        return done > 0 and left * (time.monotonic() - started) / done <= END_FLUSH_LEAD_SECONDS
+        return left * (time.monotonic() - started) / done if done > 0 else math.inf
 
     def on_step_end(self, args, state, control, **kwargs):
         self._clock.in_step = False
