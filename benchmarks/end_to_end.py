@@ -601,7 +601,11 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   barrier over 6 interleaved runs each way: median 57 ms (42-68) against 60.5 ms (53-72): within the noise.
   Asking at once ~0.1 s before the end instead (taken, `END_FLUSH_AT_ONCE_SECONDS`, once per `train()`): 44 ms
   (41.6-50.2) against 58 ms (46.2-61.9), lower in each of 8 interleaved pairs; `train()` itself 1.815 s against
-  1.81 s (medians), the 14 ms lost in the rounds' swings.
+  1.81 s (medians), the 14 ms lost in the rounds' swings. This benchmark at 6b1b5e6 (rendered here) against
+  6d78352 an hour before: the wait at the end of a fresh 60-step `train()` 0.047 s against 0.064 (medians), but
+  `train()` 1.13x at 60 steps and 1.09x at 240 against 1.09x and 1.06x: (a)'s steps ran 20.7 ms that hour
+  against 23.1 (a machine ~10% faster for training), (c)'s 23.1 against 24.0, and the agent's work per step does
+  not shrink with the step.
 - **The training thread pinned to either CPU** (measured, not taken: a library does not pin its user's threads):
   5 rounds each, the agent on the other CPU: 1.08x with the training thread on the CPU that takes the disk's
   interrupts, 1.075x on the other; the per-round swings are larger than that difference.
