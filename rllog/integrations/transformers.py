@@ -63,6 +63,9 @@ STATE_KEY = "rllog"
 # what came before it: the agent reads the journal only every half second otherwise, so at the end of train() it
 # would still hold up to that much to deliver, and MLflow and trackio up to flush_interval of rows to commit.
 END_FLUSH_LEAD_SECONDS = 1.0
+# The first step that starts within the last this-many seconds (the last step at the latest) asks at once, not put
+# off by the followers' gap between asked flushes (ASKED_FLUSH_MIN_GAP): with short steps, MLflow's commit of the
+# steps since its previous flush is then done before the end of train(), not during its wait (docs/decisions.md).
 END_FLUSH_AT_ONCE_SECONDS = 0.1
 DEFAULT_PROJECT = "huggingface"  # TrainingArguments.project's default, and the wandb project transformers uses by default
 
