@@ -46,6 +46,7 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -78,7 +79,7 @@ class SinkState:
 
 POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
 LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see live_poll_interval)
-FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher looks at the flush request (a stat: ~4 us of CPU a look, measured)
+FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look, measured)
 ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
@@ -179,8 +180,9 @@ class CursorStore:
             self._lock.release()
 
 
-FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: "<seq>", or "<seq> soon" (nobody waits for it)
+FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: one fixed-length line, see request_flush
 SOON = "soon"
+WAITED = "wait"
 
 
 def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> None:
@@ -188,8 +190,41 @@ def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> N
 
     ``soon``: nobody waits for this flush (``Run.request_flush``); a follower may put it off for up to
     :data:`ASKED_FLUSH_MIN_GAP` after its previous flush. Without it (``Run.flush``), the trainer waits.
+
+    The request is one line, ``<seq> <soon|wait> <nonce> <crc32>``, every field fixed-width, written over the
+    previous one in place: an ``open`` and a ``write``, with no new file to create, rename and delete in the run's
+    directory (that cost 0.2-0.4 ms of the training thread's CPU a call while the agent worked in the same
+    directory; the last second of ``train()`` asks at every step). The nonce makes every request new to a reader;
+    the checksum lets a reader that raced the write see it as not written yet (:func:`read_flush_request`).
     """
-    replace_file(Path(run_dir) / "delivery" / FLUSH_REQUEST, f"{int(seq)} {SOON}" if soon else str(int(seq)))
+    body = f"{int(seq):020d} {SOON if soon else WAITED} {time.monotonic_ns() % 10**20:020d}"
+    line = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
+    path = Path(run_dir) / "delivery" / FLUSH_REQUEST
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    except FileNotFoundError:  # no follower has made the directory yet
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, line)
+    finally:
+        os.close(fd)
+    if written != len(line):  # a full disk: the line would read as torn (refused), like no request
+        raise OSError(errno.ENOSPC, f"flush request: wrote {written} of {len(line)} bytes")
+
+
+def read_flush_request(run_dir: str | os.PathLike) -> tuple[bytes, int, bool] | None:
+    """The last request: (its line, seq, soon), or None when there is none or it is being written."""
+    try:
+        with open(Path(run_dir) / "delivery" / FLUSH_REQUEST, "rb") as f:
+            line = f.read(128)
+        body, crc = line.decode("ascii").rstrip("\n").rsplit(" ", 1)
+        if int(crc, 16) != zlib.crc32(body.encode()):
+            return None
+        seq, kind, _nonce = body.split(" ")
+        return line, int(seq), kind == SOON
+    except (OSError, ValueError):  # missing, or read while being written over (torn: the checksum does not match)
+        return None
 
 
 def live_poll_interval(flush_interval: float) -> float:
@@ -198,31 +233,27 @@ def live_poll_interval(flush_interval: float) -> float:
 
 
 class FlushRequest:
-    """The follower's view of :func:`request_flush`: the file is read again only when it was replaced.
+    """The follower's view of :func:`request_flush`.
 
     ``seq``: the highest seq asked for; ``waited_seq``: the highest one a ``Run.flush`` waits for.
     """
 
     def __init__(self, run_dir: str | os.PathLike):
-        self.path = Path(run_dir) / "delivery" / FLUSH_REQUEST
-        self._seen: tuple[int, int] | None = None
+        self.run_dir = run_dir
+        self._seen: bytes | None = None
         self.seq = 0
         self.waited_seq = 0
 
     def replaced(self) -> bool:
-        """Whether the request was written again since the last look (the seq read then)."""
-        try:
-            stat = os.stat(self.path)
-            if (stat.st_ino, stat.st_mtime_ns) != self._seen:
-                self._seen = (stat.st_ino, stat.st_mtime_ns)
-                seq, *soon = self.path.read_text().split()
-                self.seq = max(self.seq, int(seq))
-                if soon != [SOON]:
-                    self.waited_seq = max(self.waited_seq, int(seq))
-                return True
-        except (OSError, ValueError):
-            pass
-        return False
+        """Whether a request was written since the last look (the seq read then)."""
+        request = read_flush_request(self.run_dir)
+        if request is None or request[0] == self._seen:
+            return False
+        self._seen, seq, soon = request
+        self.seq = max(self.seq, seq)
+        if not soon:
+            self.waited_seq = max(self.waited_seq, seq)
+        return True
 
 
 class FlushWatcher:

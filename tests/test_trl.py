@@ -146,7 +146,7 @@ def test_the_steps_of_the_last_second_of_training_ask_the_trackers_to_flush(tmp_
 
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
-    from rllog.delivery import FLUSH_REQUEST
+    from rllog.delivery import FLUSH_REQUEST, read_flush_request
     from rllog.integrations.transformers import RLLogCallback
 
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "run")
@@ -162,11 +162,12 @@ def test_the_steps_of_the_last_second_of_training_ask_the_trackers_to_flush(tmp_
         state.global_step = done
         run.log({"x": float(done)}, step=done)
         cb.on_step_begin(args, state, TrainerControl())
-        if not request.exists():
+        asked = read_flush_request(tmp_path / "run")
+        if asked is None:
             return None
-        seq, *soon = request.read_text().split()
-        assert int(seq) == run._seq
-        return "soon" if soon == ["soon"] else "at once"
+        _, seq, soon = asked
+        assert seq == run._seq
+        return "soon" if soon else "at once"
 
     steps_of_a_tenth = RLLogCallback(run=run)
     assert asks(steps_of_a_tenth, 95, 9.5) == "soon"  # 0.1 s a step, five steps left: 0.5 s
@@ -413,15 +414,15 @@ def test_every_tracker_holds_every_step_when_train_and_evaluate_return(tiny_mode
     )
     from transformers import TrainerCallback
 
-    from rllog.delivery import FLUSH_REQUEST
+    from rllog.delivery import read_flush_request
 
     asked: list[int | None] = []
 
     class LastStepEnd(TrainerCallback):  # before the barrier at the end of train() asks for everything
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step == state.max_steps:
-                request = trainer.rllog_run.run_dir / "delivery" / FLUSH_REQUEST
-                asked.append(int(request.read_text().split()[0]) if request.exists() else None)
+                request = read_flush_request(trainer.rllog_run.run_dir)
+                asked.append(request[1] if request else None)
 
     trainer.add_callback(LastStepEnd())
     trainer.train()
