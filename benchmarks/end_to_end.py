@@ -624,7 +624,32 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   right after (not rendered here): fresh `train()` 1.19x at 60 steps (0.98-1.41) and 1.08x at 240 (0.95-1.20), the
   whole script 1.05x and 1.01x; the 14 fresh rounds of both runs together: `train()` 1.17x at 60 steps, 1.08x at 240.
   A separate series of 9 interleaved fresh 60-step rounds that hour read 0.99x (0.77-1.17): the machine's swings
-  between rounds are larger than the gap to the target."""
+  between rounds are larger than the gap to the target.
+- **What slows training beside the agent on this VM** (measured 2026-11-25: fresh 60-step `report_to="none"`
+  trainings, a load process on the other CPU, busy ~45% of the time, 3-5 interleaved rounds each): an interpreter
+  loop, JSON encoding, 2 MB allocations, random reads over 256 MB, ~90 `fsync`s a second and file churn (540
+  renames over an old file and 180 creations and deletions a second) each left the median step within +-2%; page
+  faults (7,800 a second at 1% of a CPU) and wake-ups between two processes (~1,200 context switches a second at 2%)
+  put it at 1.03x. This VM runs nested (Firecracker, `nested_pvm=1` on its kernel command line), where every kernel
+  entry costs the host more: what the agent costs training here follows its wake-ups and page faults more than its
+  CPU time. With the five trackers the agent makes ~830 voluntary context switches and ~1,500 page faults a second,
+  and wandb-core ~600 and ~650 more; two thirds of the switches are wandb's (each `run.log` is a round trip from
+  the sink through wandb's asyncio thread to wandb-core). The agent stopped (`SIGSTOP`) from step 3 to the end:
+  median step 1.02x, against 1.06x running (4 rounds). Parquet plus one tracker (4 rounds): parquet alone 1.05x,
+  with wandb 1.13x, MLflow 1.08x, Comet 1.08x, trackio and TensorBoard 1.08x.
+- **Measured, not taken** (the same day): wandb's metrics and table of a step held and logged as one history row (one
+  `run.log` a step instead of two): step 1.064x against 1.045x over 5 rounds, no gain, and a held row that wandb
+  refused would be blamed on the next record (one bad record must never stop a sink); the agent's sink calls
+  serialised by one lock (850 context switches a second against 832: the switches are not GIL hand-overs); glibc's
+  allocator tuned for the agent (one arena, high trim and mmap thresholds) or `PYTHONMALLOC=malloc`: 1,220-1,520
+  page faults a second against 1,640 (most are wandb's and the trackers' own allocations), no other change; the
+  agent's GIL switch interval at 50 ms: 1.085x against 1.080x (5 rounds).
+- **The flush request written in place** (taken, at 5f3b2aa, `rllog.delivery.request_flush`): one checksummed line
+  written over the previous one instead of a file created, swapped in and deleted per request, in the directory
+  where the six followers save their cursors: `Run.request_flush` took 0.11 ms of the training thread's CPU a call
+  instead of 0.28 (each step of the last second asks). This benchmark at 5f3b2aa (rendered here): fresh `train()`
+  1.09x at 60 steps (1.07-1.10, 7 rounds) and 1.06x at 240 (1.02-1.13); the wait at the end of `train()` 0.053 s,
+  about 3% of a 60-step `train()`; the median step 1.05x and 1.04x."""
 
 
 def render_whole(results: dict) -> str:
