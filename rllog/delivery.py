@@ -235,7 +235,11 @@ def live_poll_interval(flush_interval: float) -> float:
 class FlushRequest:
     """The follower's view of :func:`request_flush`.
 
-    ``seq``: the highest seq asked for; ``waited_seq``: the highest one a ``Run.flush`` waits for.
+    ``seq``: the seq of the latest request; ``waited_seq``: that of the latest one a ``Run.flush`` waits for. The
+    latest, not the highest ever read: a trainer killed between writing a request and journaling the records it
+    names leaves a seq the journal never got, the resumed run numbers its records below it, and taking the highest
+    ignored every request of the resumed run until its records passed that seq (its ``flush`` then waited for
+    the periodic one).
     """
 
     def __init__(self, run_dir: str | os.PathLike):
@@ -250,9 +254,9 @@ class FlushRequest:
         if request is None or request[0] == self._seen:
             return False
         self._seen, seq, soon = request
-        self.seq = max(self.seq, seq)
+        self.seq = seq
         if not soon:
-            self.waited_seq = max(self.waited_seq, seq)
+            self.waited_seq = seq
         return True
 
 

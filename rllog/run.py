@@ -325,6 +325,7 @@ class Run(RunBase):
         self._scanner: journal.Scanner | None = None  # see _scan
         self._seq = next_seq - 1
         self._finishing: threading.Event | None = None
+        self._finisher: int | None = None  # the thread that called finish() first
         self._forked = False
         self._pid = os.getpid()
         # Where an omitted step comes from when a trainer owns the step (set by the HF/TRL integration).
@@ -505,6 +506,7 @@ class Run(RunBase):
             first = self._finishing is None
             if first:
                 self._finishing = threading.Event()  # from here on log() raises RunFinished
+                self._finisher = threading.get_ident()
             finishing = self._finishing
         assert finishing is not None
         if not first:
@@ -519,6 +521,7 @@ class Run(RunBase):
             _live_runs.discard(self)
             self._run_lock.release()
             finishing.set()
+            _act_on_deferred_sigterm()
         if not self._finished.ok:
             log.warning("rllog: run %s finished with undelivered records:\n%s", self.run_dir, self._finished)
         return self._finished
@@ -685,14 +688,30 @@ def _factory(name: str, options: Mapping[str, Any] | None) -> Callable[[], Any]:
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _previous_sigterm: Any = None
+SIGTERM_FINISH_SECONDS = 30.0  # how long the SIGTERM handler waits for each run's trackers
+# A SIGTERM that lands while the main thread holds a run's lock is sent again this much later (log() holds it for
+# microseconds), at most SIGTERM_RESENDS times; another thread holds it as briefly, so a lock still taken after
+# SIGTERM_LOCK_PROBE_SECONDS is the main thread's own.
+SIGTERM_RESEND_SECONDS = 0.01
+SIGTERM_RESENDS = 100
+SIGTERM_LOCK_PROBE_SECONDS = 0.005
+SIGTERM_JOIN_MARGIN_SECONDS = 5.0
+_handling_sigterm = False
+_deferred_sigterm: tuple[int, Any] | None = None  # a SIGTERM that interrupted the main thread's own finish()
+_sigterm_resends = 0
 
 
 def _after_fork_in_child() -> None:
     """A forked child shares no writer thread with its parent's runs: their log() raises there, and the
-    child's exit finishes nothing (the parent does)."""
+    child's exit finishes nothing (the parent does). Each run gets new locks: one that another thread of the
+    parent held at the fork would stay held in the child, where no thread will release it."""
+    global _deferred_sigterm
     for run in list(_live_runs):
         run._forked = True
+        run._lock = threading.Lock()
+        run._scan_lock = threading.Lock()
     _live_runs.clear()
+    _deferred_sigterm = None
     _restore_sigterm()
 
 
@@ -713,18 +732,77 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    """Finish every live run as ``killed``, then hand the signal to whoever had it before."""
-    for run in list(_live_runs):
-        try:
-            run.finish("killed", timeout=30.0)
-        except Exception as exc:
-            log.error("rllog: finishing %s on SIGTERM failed: %s", run.run_dir, exc)
+    """Finish every live run as ``killed``, then hand the signal to whoever had it before.
+
+    Python runs this on the main thread between two steps of whatever that thread was doing, so it must not wait
+    for what that code holds (it would wait for itself):
+
+    - a SIGTERM that interrupts this thread's own ``finish`` is acted on when that ``finish`` ends;
+    - one that lands while this thread holds a run's lock (inside ``log`` or ``flush``) is sent again
+      :data:`SIGTERM_RESEND_SECONDS` later, at most :data:`SIGTERM_RESENDS` times (then the runs it cannot
+      finish are left to the journal and ``rllog replay``);
+    - the runs are finished on another thread, waited for at most :data:`SIGTERM_FINISH_SECONDS` each (plus
+      a margin), so a lock held by the interrupted code that nobody foresaw costs that wait, not a hang;
+    - a second SIGTERM while the first is handled changes nothing (the first is passed on at the end).
+    """
+    global _deferred_sigterm, _handling_sigterm, _sigterm_resends
+    if _handling_sigterm:
+        return
+    runs = list(_live_runs)
+    me = threading.get_ident()
+    if any(run._finisher == me and not run.finished for run in runs):
+        _deferred_sigterm = (signum, frame)
+        return
+    held = [run for run in runs if not (_lock_is_free(run._lock) and _lock_is_free(run._scan_lock))]
+    if held and _sigterm_resends < SIGTERM_RESENDS:
+        _sigterm_resends += 1
+        resend = threading.Timer(SIGTERM_RESEND_SECONDS, os.kill, (os.getpid(), signum))
+        resend.daemon = True
+        resend.start()
+        return
+    for run in held:
+        log.error("rllog: run %s not finished on SIGTERM (its lock stayed held); `rllog replay` delivers it", run.run_dir)
+    free = [run for run in runs if run not in held]
+    _handling_sigterm = True
+    try:
+        worker = threading.Thread(target=_finish_as_killed, args=(free,), name="rllog-sigterm", daemon=True)
+        worker.start()
+        worker.join(SIGTERM_FINISH_SECONDS * len(free) + SIGTERM_JOIN_MARGIN_SECONDS)
+        if worker.is_alive():
+            log.error("rllog: finishing the runs on SIGTERM took too long; what is pending stays in their journals")
+    finally:
+        _handling_sigterm = False
     previous = _previous_sigterm
     if callable(previous):
         previous(signum, frame)
     elif previous != signal.SIG_IGN:  # the default action: die of SIGTERM, as the sender expects
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _finish_as_killed(runs: list[Run]) -> None:
+    for run in runs:
+        try:
+            run.finish("killed", timeout=SIGTERM_FINISH_SECONDS)
+        except Exception as exc:
+            log.error("rllog: finishing %s on SIGTERM failed: %s", run.run_dir, exc)
+
+
+def _lock_is_free(lock: Any) -> bool:
+    """Whether ``lock`` can be taken within :data:`SIGTERM_LOCK_PROBE_SECONDS` (it is released at once)."""
+    if lock.acquire(timeout=SIGTERM_LOCK_PROBE_SECONDS):
+        lock.release()
+        return True
+    return False
+
+
+def _act_on_deferred_sigterm() -> None:
+    """Handle a SIGTERM that interrupted the main thread's own ``finish``, now that it has ended."""
+    global _deferred_sigterm
+    if _deferred_sigterm is None or threading.current_thread() is not threading.main_thread():
+        return
+    deferred, _deferred_sigterm = _deferred_sigterm, None
+    _on_sigterm(*deferred)
 
 
 def _install_sigterm_handler() -> None:

@@ -182,6 +182,26 @@ def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush
     assert follower.join(30) and sink.closed_with == "finished"
 
 
+def test_a_flush_request_left_by_a_killed_attempt_for_records_never_journaled_does_not_stall_the_resumed_run(tmp_path):
+    """A trainer killed between writing a flush request and journaling the records it names leaves a request for a
+    seq the journal never got; the resumed run numbers its records below it. The followers read the latest request,
+    not the highest seq ever asked for: taking the highest, they ignored the resumed run's own requests until its
+    records passed that seq, and its ``flush`` waited for the periodic one (here 60 s: reported pending)."""
+    run_dir = tmp_path / "r"
+    run = rllog.init(report_to="parquet", run_dir=run_dir, health=False)
+    run.log({"x": 1.0}, step=0)
+    assert run.finish().ok
+    request_flush(run_dir, 10_000, soon=False)  # the killed attempt's request; it journaled up to seq ~2
+    run = rllog.init(run_dir=run_dir, resume="must", flush_interval=60.0, health=False)
+    run.log({"x": 2.0}, step=1)
+    time.sleep(2.0)  # the agent starts; its follower delivers x=2.0 and looks at the request left behind
+    run.log({"x": 3.0}, step=2)
+    report = run.flush(timeout=10)
+    assert report.ok, report
+    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [1.0, 2.0, 3.0]
+    assert run.finish().ok
+
+
 def test_a_flush_request_is_written_in_place_and_a_reader_racing_it_sees_each_one_whole_or_not_at_all(tmp_path):
     """The request is written over the previous one (no file created, renamed and deleted per request: that cost
     the training thread 0.2-0.4 ms a call in the last second of ``train()``). A reader racing the writer sees a

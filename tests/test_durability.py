@@ -227,6 +227,38 @@ def test_log_in_a_forked_child_raises_and_its_exit_finishes_nothing(tmp_path):
     assert rllog.read_metrics(run_dir).column("value").to_pylist() == [1.0, 2.0]
 
 
+def test_a_forked_child_gets_forkedchild_even_when_a_parent_thread_held_the_run_lock_at_the_fork(tmp_path):
+    """Another thread of the trainer (the agent's sampler journaling system metrics, the journal writer raising a
+    health alert, a user's logging thread) may hold the run's lock at the instant of a fork; the child, where
+    that thread does not exist, used to block on it forever in ``log`` instead of getting ``ForkedChild``."""
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with run._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        signal.alarm(20)  # a child that hangs dies of SIGALRM instead of hanging the test
+        try:
+            run.log({"x": 1.0})
+        except ForkedChild:
+            os._exit(42)
+        os._exit(1)
+    release.set()
+    holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 42
+    run.log({"x": 2.0}, step=0)
+    assert run.finish().ok
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [2.0]
+
+
 def test_a_forked_child_gets_back_the_sigterm_handler_it_had_before_rllog(tmp_path):
     """The trainer's SIGTERM handler finishes its runs; a forked child has none to finish, and a Python-level handler
     misses a SIGTERM that lands just before a blocking C call: a multiprocessing pool worker about to wait for a task

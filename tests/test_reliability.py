@@ -47,6 +47,61 @@ def test_sigterm_closes_sinks_as_killed_and_chains_the_previous_handler(tmp_path
     assert mlflow.status == "killed" and mlflow.metrics["i"] == [(i, float(i)) for i in range(50)]
 
 
+SIGTERM_IN_FINISH_CHILD = r"""
+import os, signal, sys, time, rllog
+from rllog_backends.parquet import ParquetSink
+
+class SignalledWhileClosing(ParquetSink):
+    def close(self, status):
+        os.kill(os.getpid(), signal.SIGTERM)  # lands on the main thread while it waits in finish() for this sink
+        time.sleep(0.3)
+        super().close(status)
+
+run = rllog.init(report_to=[SignalledWhileClosing()], run_dir=sys.argv[1], delivery="thread", health=False)
+for i in range(20):
+    run.log({"i": float(i)}, step=i)
+run.finish()
+print("finish returned and the process lived on", flush=True)
+time.sleep(600)
+"""
+
+SIGTERM_IN_LOG_CHILD = r"""
+import signal, sys, time, rllog
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1, health=False)
+for i in range(20):
+    run.log({"i": float(i)}, step=i)
+with run._lock:  # what Run.log holds while it numbers a record: a SIGTERM landing there
+    signal.raise_signal(signal.SIGTERM)
+    print("inside", flush=True)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigterm_during_finish_lets_that_finish_end_then_ends_the_process(tmp_path):
+    """The handler runs on the main thread; a SIGTERM while that thread waits in ``finish`` used to wait for that
+    same finish, forever (the process hung until SIGKILL)."""
+    run_dir = tmp_path / "r"
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_FINISH_CHILD, str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "lived on" not in proc.stdout
+    assert json.loads((run_dir / "parquet" / "meta.json").read_text())["status"] == "finished"
+    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(20)]
+
+
+def test_sigterm_inside_log_is_acted_on_once_the_lock_is_released(tmp_path):
+    """A SIGTERM that lands while the main thread holds the run's lock (inside ``log``) used to deadlock the handler
+    on that lock; it is sent again a moment later and the run is finished as ``killed``."""
+    run_dir = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_IN_LOG_CHILD, str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert proc.stdout.split() == ["inside", "ready"]
+    assert json.loads((run_dir / "parquet" / "meta.json").read_text())["status"] == "killed"
+    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(20)]
+
+
 EXCEPTION_CHILD = r"""
 import sys, rllog
 with rllog.init(report_to="parquet,mlflow", run_dir=sys.argv[1]) as run:
