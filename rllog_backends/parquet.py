@@ -202,6 +202,7 @@ class ParquetSink:
         self._table_seqs: dict[str, int] = {}  # the first buffered record's seq, per table (names an empty table's part)
         self._alerts: list[dict] = []
         self._stores: dict[Path, PartStore] = {}
+        self._buffered_seq: dict[Path, int] = {}  # the highest seq buffered, per directory (kept until stored)
 
     def open(self, run_info: RunInfo) -> None:
         if self._option:
@@ -236,18 +237,31 @@ class ParquetSink:
                 store.open()
         return store
 
+    def _is_new(self, store: PartStore, seq: int) -> bool:
+        """Whether record ``seq`` is neither stored (a re-send of what a killed agent had stored) nor buffered already.
+
+        A call that raised (a full disk in the flush past :attr:`MAX_BUFFERED_ROWS`, whose rows stay buffered for
+        the retry) is repeated by the delivery layer with the same records, whole or one by one: buffering them
+        again would store them twice. Records come in seq order, so the highest buffered seq is enough.
+        """
+        return seq > max(store.written_seq, self._buffered_seq.get(store.directory, 0))
+
+    def _buffered(self, store: PartStore, seq: int) -> None:
+        self._buffered_seq[store.directory] = max(seq, self._buffered_seq.get(store.directory, 0))
+
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
-        written = self._store("metrics").written_seq
+        store = self._store("metrics")
         for r in records:
-            if r.seq > written:  # not a re-send of what a killed agent had stored
+            if self._is_new(store, r.seq):
                 for key, value in r.values.items():
                     self._rows.append((r.step, key, value, r.time, r.seq))
+                self._buffered(store, r.seq)
         if len(self._rows) >= self.MAX_BUFFERED_ROWS:
             self.flush()
 
     def write_table(self, record: TableRecord) -> None:
         store = self._store("tables", table_dir_name(record.name), seq_column="_seq")
-        if record.seq <= store.written_seq:
+        if not self._is_new(store, record.seq):
             return
         n = record.table.num_rows
         table = record.table.add_column(0, "_step", pa.repeat(pa.scalar(record.step, pa.int64()), n))
@@ -261,6 +275,7 @@ class ParquetSink:
             raise InvalidTable(f"table {record.name!r}: a column's type changed from earlier steps: {exc}") from exc
         self._tables.setdefault(record.name, []).append(table)
         self._table_seqs.setdefault(record.name, record.seq)
+        self._buffered(store, record.seq)
 
     def write_config(self, record: ConfigRecord) -> None:
         self._meta["config"].update(record.values)
@@ -268,7 +283,9 @@ class ParquetSink:
             self._write_meta()
 
     def write_alert(self, record: AlertRecord) -> None:
-        if record.seq > self._store("alerts").written_seq:
+        store = self._store("alerts")
+        if self._is_new(store, record.seq):
+            self._buffered(store, record.seq)
             self._alerts.append(
                 {
                     "step": record.step,

@@ -22,6 +22,7 @@ and open, and compacting them all at close would read the whole run into memory.
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import re
@@ -82,10 +83,17 @@ def _live(files: list[_File]) -> list[_File]:
 
 
 def read_tail(path: Path) -> pa.Table | None:
-    """The complete record batches of a tail file (a torn last batch, a writer killed mid-write, is left out)."""
+    """The complete record batches of a tail file (a torn last batch, a writer killed mid-write, is left out).
+
+    Raises:
+        FileNotFoundError: the tail is gone: turned into a part since it was listed, so the caller lists again
+            (a tail read as empty instead hid all its rows from a reader racing the writer).
+    """
     try:
         source = pa.memory_map(str(path))
-    except (FileNotFoundError, OSError):
+    except FileNotFoundError:
+        raise
+    except OSError:
         return None
     try:
         reader = pa.ipc.open_stream(source)
@@ -116,6 +124,24 @@ def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
         else:
             columns.append(pa.nulls(table.num_rows, field.type))
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _whole_record_batches(table: pa.Table, seq_column: str):
+    """``table`` in record batches of about :data:`BATCH_ROWS` rows, cut only where the seq changes.
+
+    Each batch reaches the disk as it is written, so a writer killed between two batches of one append leaves the
+    first in the tail; :meth:`PartStore.open` then counts the highest seq it holds as written and the re-sent
+    records up to it are skipped. A record cut in two would lose its second half for good: no record spans two
+    batches (one record of more than :data:`BATCH_ROWS` rows is one batch).
+    """
+    seqs = table.column(seq_column)
+    changes = pc.indices_nonzero(pc.not_equal(seqs[1:], seqs[:-1])).to_pylist() if len(seqs) > 1 else []
+    start = 0
+    while start < table.num_rows:
+        i = bisect.bisect_left(changes, start + BATCH_ROWS - 1)  # the first cut at or after a full batch
+        end = changes[i] + 1 if i < len(changes) else table.num_rows
+        yield from table.slice(start, end - start).combine_chunks().to_batches()  # one batch, chunks joined
+        start = end
 
 
 def _write_atomic(path: Path, schema: pa.Schema, tables) -> None:
@@ -221,7 +247,7 @@ class PartStore:
                 self._tail_file = pa.OSFile(str(self._tail_path), "wb")
                 self._tail = pa.ipc.new_stream(self._tail_file, schema)
                 self._tail_schema, self._tail_rows, self._tail_since, self._committed_size = schema, 0, time.monotonic(), 0
-            for batch in conform(table, schema).to_batches(max_chunksize=BATCH_ROWS):
+            for batch in _whole_record_batches(conform(table, schema), self.seq_column):
                 self._tail.write_batch(batch)
             self._tail_rows += table.num_rows
             self._tail_last = max(self._tail_last, pc.max(table.column(self.seq_column)).as_py())
@@ -308,7 +334,10 @@ class PartStore:
             self._convert_tail(f.path, f.first)
 
     def _convert_tail(self, path: Path, first: int) -> None:
-        table = read_tail(path)
+        try:
+            table = read_tail(path)
+        except FileNotFoundError:
+            return  # converted already
         if table is not None and table.num_rows:
             last = pc.max(table.column(self.seq_column)).as_py()
             _write_atomic(self.directory / f"part-{first:012d}-{last:012d}-L0.parquet", table.schema, [table])
@@ -351,7 +380,7 @@ class PartStore:
             else:
                 tables += [pq.read_table(f.path) for f in parts]
             tables += [t for t in (read_tail(f.path) for f in live if f.is_tail) if t is not None]
-        except FileNotFoundError:  # replaced by a merge since the listing: read again
+        except FileNotFoundError:  # a part replaced by a merge, a tail turned into a part, since the listing: read again
             return PartStore.read(directory)
         if not tables:
             return None

@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from sinks import fill
 
+from rllog.errors import TransientError
+from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
 from rllog_backends import parquet_store
+from rllog_backends.parquet import ParquetSink, read_alerts, read_metrics, read_table
 from rllog_backends.parquet_store import FAN_IN, PartStore
 
 
@@ -99,3 +103,144 @@ def test_a_torn_tail_batch_is_left_out(tmp_path):
     data = tail.read_bytes()
     Path(tail).write_bytes(data[:-37])  # a writer killed in the middle of its last batch
     assert PartStore.read(tmp_path / "d").column("seq").to_pylist() == list(range(1, 11))
+
+
+def open_sink(run_dir: Path) -> ParquetSink:
+    sink = ParquetSink()
+    sink.open(RunInfo(project="p", name="n", run_dir=str(run_dir), run_id="r"))
+    return sink
+
+
+def metric_rows(table: pa.Table) -> list[tuple]:
+    return list(zip(table["seq"].to_pylist(), table["key"].to_pylist(), table["value"].to_pylist(), strict=True))
+
+
+def split_metrics() -> list[MetricsRecord]:
+    """140,000 rows in one flush (more than BATCH_ROWS): the first batch ends inside a record's keys unless cut at one."""
+    return [
+        MetricsRecord(seq=i + 1, step=i, time=0.0, values={f"k{j}": float(i * 100 + j) for j in range(100)}) for i in range(1400)
+    ]
+
+
+def chunked_table() -> TableRecord:
+    """One table record whose pyarrow table has two chunks (the user's ``pa.concat_tables``)."""
+    table = pa.concat_tables([pa.table({"x": [1, 2, 3]}), pa.table({"x": [4, 5, 6]})])
+    return TableRecord(seq=1, step=0, time=0.0, name="t", table=table)
+
+
+KILLED_MID_APPEND = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[3])
+import pyarrow as pa
+from test_parquet_store import chunked_table, open_sink, split_metrics
+
+
+class KilledAtSecondBatch:
+    '''The tail's stream: the process is SIGKILLed when the second batch of an append is due (the first is on disk).'''
+
+    def __init__(self, writer):
+        self.writer, self.batches = writer, 0
+
+    def write_batch(self, batch):
+        self.batches += 1
+        if self.batches == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.writer.write_batch(batch)
+
+    def __getattr__(self, name):
+        return getattr(self.writer, name)
+
+
+new_stream = pa.ipc.new_stream
+pa.ipc.new_stream = lambda *args: KilledAtSecondBatch(new_stream(*args))
+sink = open_sink(sys.argv[1])
+if sys.argv[2] == "metrics":
+    sink.write_metrics(split_metrics())  # flushes by itself (past MAX_BUFFERED_ROWS)
+else:
+    sink.write_table(chunked_table())
+sink.flush()
+os.kill(os.getpid(), signal.SIGKILL)  # killed before the delivery cursor moved: everything is re-sent
+"""
+
+
+@pytest.mark.parametrize("kind", ["metrics", "table"])
+def test_a_sigkill_inside_an_append_keeps_every_row_of_the_record_it_cut(tmp_path, kind):
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-c", KILLED_MID_APPEND, str(run), kind, str(Path(__file__).parent)], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    sink = open_sink(run)  # the next agent: takes over the tail, then the records are re-delivered
+    if kind == "metrics":
+        sink.write_metrics(split_metrics())
+    else:
+        sink.write_table(chunked_table())
+    sink.close("finished")
+    if kind == "metrics":
+        rows = read_metrics(run)
+        expected = [(r.seq, k, v) for r in split_metrics() for k, v in r.values.items()]
+        assert metric_rows(rows) == expected
+    else:
+        assert read_table(run, "t").column("x").to_pylist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_tail_turned_into_a_part_between_a_readers_listing_and_its_open_is_read(tmp_path, monkeypatch):
+    store = PartStore(tmp_path / "d", "seq")
+    store.append(batch(1, 10))
+    store.flush()
+    listing, raced = parquet_store._listing, []
+
+    def listing_then_conversion(directory):
+        files = listing(directory)
+        if not raced:  # the reader has listed the tail; the writer now turns it into a part and removes it
+            raced.append(True)
+            store.roll()
+        return files
+
+    monkeypatch.setattr(parquet_store, "_listing", listing_then_conversion)
+    table = PartStore.read(tmp_path / "d")
+    assert raced and table is not None
+    assert table.column("seq").to_pylist() == list(range(1, 11))
+    assert table.column("value").to_pylist() == [float(s) for s in range(1, 11)]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 16 MiB filesystem (tmpfs) that the test can fill and free."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("retry", ["same call", "one by one"])
+def test_a_call_retried_after_a_full_disk_stores_its_metrics_once(small_disk, retry):
+    run = small_disk / "run"
+    sink = open_sink(run)
+    sink.write_metrics([])  # the metrics directory exists
+    records = [MetricsRecord(seq=i + 1, step=i, time=0.0, values={f"k{j}": float(j) for j in range(100)}) for i in range(1000)]
+    filler = fill(small_disk)
+    with pytest.raises(TransientError):
+        sink.write_metrics(records)  # 100,000 rows: flushed at once, on the full disk; the rows stay buffered
+    filler.unlink()
+    if retry == "same call":  # what the delivery follower does with a TransientError
+        sink.write_metrics(records)
+    else:  # what it does after a call failed otherwise: the same records, one call each
+        for record in records:
+            sink.write_metrics([record])
+    sink.close("finished")
+    rows = read_metrics(run)
+    assert metric_rows(rows) == [(r.seq, k, v) for r in records for k, v in r.values.items()]
+
+
+def test_a_table_or_alert_written_again_before_the_flush_is_stored_once(tmp_path):
+    run = tmp_path / "run"
+    sink = open_sink(run)
+    alert = AlertRecord(seq=2, step=0, time=0.0, rule="r", metric="loss", value=1.0, message="m")
+    for _ in range(2):  # a call repeated by the delivery layer while the record is buffered
+        sink.write_table(chunked_table())
+        sink.write_alert(alert)
+    sink.close("finished")
+    assert read_table(run, "t").column("x").to_pylist() == [1, 2, 3, 4, 5, 6]
+    assert read_alerts(run).column("seq").to_pylist() == [2]
