@@ -193,6 +193,7 @@ class ParquetSink:
 
     capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
     MAX_BUFFERED_ROWS = 100_000  # rows are appended early past this: memory stays bounded while catching up
+    MAX_OPEN_TAILS = 16  # tail files kept open; a run logging many table names would hold one handle per name
 
     def __init__(self, directory: str | None = None):
         self._option = directory
@@ -316,13 +317,21 @@ class ParquetSink:
                 table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
                 self._commit(self._store("tables", table_dir_name(name), seq_column="_seq"), table, seq=self._table_seqs[name])
                 del self._tables[name], self._table_seqs[name]
+            self._release_idle_tails()
             for store in self._stores.values():
                 store.maintain()  # parts and merges; a full disk leaves them for a later flush
 
-    @staticmethod
-    def _commit(store: PartStore, table: pa.Table, seq: int | None = None) -> None:
+    def _commit(self, store: PartStore, table: pa.Table, seq: int | None = None) -> None:
         store.append(table, seq=seq)
         store.commit()
+        self._stores[store.directory] = self._stores.pop(store.directory)  # the stores in the order last written
+
+    def _release_idle_tails(self) -> None:
+        """Close the tails of the least recently written directories past :attr:`MAX_OPEN_TAILS`: each table name
+        has a directory, and 200 names held 200 file handles until close (a process has a limit, often 1,024)."""
+        open_tails = [store for store in self._stores.values() if store.holds_open_file]
+        for store in open_tails[: max(0, len(open_tails) - self.MAX_OPEN_TAILS)]:
+            store.release()
 
     def close(self, status: str) -> None:
         self.flush()

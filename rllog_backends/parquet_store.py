@@ -289,6 +289,22 @@ class PartStore:
         except OSError:
             pass
 
+    @property
+    def holds_open_file(self) -> bool:
+        """Whether a tail file is open for writing (one file handle)."""
+        return self._tail_file is not None
+
+    def release(self) -> None:
+        """Close the tail's file, whose rows are committed: it becomes a part at the next :meth:`maintain`, and the
+        next append starts a new tail. A full disk refusing the end-of-stream marker leaves the tail without one
+        (readable all the same)."""
+        try:
+            self._close_tail()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.discard_uncommitted()  # closes the file; cuts the torn marker back to the last commit
+
     def flush(self) -> None:
         """:meth:`commit`, then :meth:`maintain`."""
         self.commit()

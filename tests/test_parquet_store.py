@@ -244,3 +244,31 @@ def test_a_table_or_alert_written_again_before_the_flush_is_stored_once(tmp_path
     sink.close("finished")
     assert read_table(run, "t").column("x").to_pylist() == [1, 2, 3, 4, 5, 6]
     assert read_alerts(run).column("seq").to_pylist() == [2]
+
+
+def files_open_under(directory: Path) -> int:
+    """How many file handles of this process point into ``directory``."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue  # the listing's own handle, closed since
+    return sum(link.startswith(str(directory)) for link in links)
+
+
+def test_many_table_names_keep_a_bounded_number_of_files_open(tmp_path):
+    run = tmp_path / "run"
+    sink = open_sink(run)
+    names = [f"eval/task_{i}" for i in range(200)]
+    for flush in range(2):
+        for i, name in enumerate(names):
+            sink.write_table(TableRecord(seq=1 + flush * 200 + i, step=flush, time=0.0, name=name, table=pa.table({"x": [i]})))
+        sink.write_metrics([MetricsRecord(seq=401 + flush, step=flush, time=0.0, values={"loss": float(flush)})])
+        sink.flush()
+        assert files_open_under(run) <= ParquetSink.MAX_OPEN_TAILS
+    sink.close("finished")
+    assert files_open_under(run) == 0
+    for i, name in enumerate(names):
+        assert read_table(run, name).column("x").to_pylist() == [i, i]
+    assert read_metrics(run).column("value").to_pylist() == [0.0, 1.0]
