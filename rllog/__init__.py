@@ -109,6 +109,13 @@ def current_run() -> Run | NullRun | None:
     return _current
 
 
+def _make_current(run: Run | NullRun) -> None:
+    """Make ``run`` the current run: for an integration that builds the run object itself (the HF callback's
+    :class:`NullRun` on a process that is not the trainer's main one, whatever ``$RANK`` says)."""
+    global _current
+    _current = run
+
+
 def log(values: dict, step: int | None = None) -> None:
     """``current_run().log(values, step)``; the step defaults to the run's current step + 1."""
     _require_run().log(values, step)

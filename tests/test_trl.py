@@ -303,19 +303,33 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
 
 TORCHRUN_GRPO = r"""
 import json, os, sys
+import torch
+import rllog
 from tiny_grpo import make_grpo_trainer
 model_dir, out, results = sys.argv[1], sys.argv[2], sys.argv[3]
+logged = []
+
+def reward_logging_itself(completions, **kwargs):  # GRPO computes rewards on every rank: this runs on rank 1 too
+    rllog.log({"custom/from_reward_fn": float(len(completions))})
+    logged.append(type(rllog.current_run()).__name__)
+    return [0.0] * len(completions)
+
 trainer = make_grpo_trainer(model_dir, os.path.join(out, "trainer"), steps=2, report_to=["parquet", "tensorboard"],
                             rllog_options={"run_dir": os.path.join(out, "run"), "health": False})
+trainer.reward_funcs.append(reward_logging_itself)
+trainer.reward_func_names.append("reward_logging_itself")
+trainer.reward_weights = torch.ones(3)
+trainer.reward_processing_classes.append(None)
 trainer.train()
 run = trainer.rllog_run
 report = run.finish() if run is not None else {}
 with open(os.path.join(results, "rank%s.json" % os.environ["RANK"]), "w") as f:  # not stdout: ranks' lines can interleave
-    json.dump({"rank": int(os.environ["RANK"]), "run": type(run).__name__, "ok": getattr(report, "ok", None)}, f)
+    json.dump({"rank": int(os.environ["RANK"]), "run": type(run).__name__, "ok": getattr(report, "ok", None),
+               "current": rllog.current_run() is run, "logged_into": logged}, f)
 """
 
 
-def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path, tracker_dirs):
+def test_two_process_torchrun_grpo_logs_from_rank_zero_only_and_user_code_logs_on_every_rank(tiny_model, tmp_path, tracker_dirs):
     import json
     import os
     import subprocess
@@ -349,9 +363,13 @@ def test_two_process_torchrun_grpo_logs_from_rank_zero_only(tiny_model, tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = sorted((json.loads(p.read_text()) for p in results_dir.glob("rank*.json")), key=lambda r: r["rank"])
-    assert results == [{"rank": 0, "run": "Run", "ok": True}, {"rank": 1, "run": "NoneType", "ok": None}]
+    # rllog.log() in a reward function works on every rank; rank 1's NullRun takes it and writes nothing
+    assert results == [
+        {"rank": 0, "run": "Run", "ok": True, "current": True, "logged_into": ["Run", "Run"]},
+        {"rank": 1, "run": "NullRun", "ok": True, "current": True, "logged_into": ["NullRun", "NullRun"]},
+    ]
     series = metric_series(out / "run")
-    assert [s for s, _ in series["train/reward"]] == [1, 2]
+    assert [s for s, _ in series["train/reward"]] == [s for s, _ in series["custom/from_reward_fn"]] == [1, 2]
     table = rllog.read_table(out / "run", "completions")
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2]
     # one run directory, one journal writer, one TensorBoard run: nothing from rank 1
@@ -748,3 +766,138 @@ def test_trls_warnings_from_the_trainers_init_point_at_the_users_line(tiny_model
         Trainer(**build(Trainer))  # line + 3: another line, shown again
     shown = [(w.filename, w.lineno) for w in caught if "rollout_func" in str(w.message)]
     assert shown == [(__file__, line + 2), (__file__, line + 3)]
+
+
+def _reward_failing_in_training_at_call(trainer_box: list, fail_at: int, calls: list):
+    """A reward function that logs through rllog.log (no step) and raises at its ``fail_at``-th training call,
+    before it logs: a crash in the middle of a step, which transformers reports to no callback."""
+
+    def reward_logging_itself(completions, **kwargs):
+        training = trainer_box[0].model.training
+        calls.append(training)
+        if training and calls.count(True) == fail_at:
+            raise RuntimeError("the reward server is down")
+        rllog.log({("custom/train_n" if training else "custom/eval_n"): float(len(completions))})
+        return [0.0] * len(completions)
+
+    return reward_logging_itself
+
+
+def _add_reward(trainer, reward) -> None:
+    trainer.reward_funcs.append(reward)
+    trainer.reward_func_names.append(reward.__name__)
+    trainer.reward_weights = __import__("torch").ones(len(trainer.reward_funcs))
+    trainer.reward_processing_classes.append(None)
+
+
+def test_evaluate_after_a_train_that_raised_flushes_and_user_code_logs_at_the_trainers_step(tiny_model, tmp_path):
+    """transformers calls no on_train_end when train() raises: evaluate() afterwards is not one of training's."""
+    from tiny_grpo import grpo_dataset
+
+    run_dir, box, calls = tmp_path / "run", [], []
+    # a minute between the trackers' own flushes: only evaluate()'s flush barrier puts its rows in Parquet now
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"],
+        rllog_options={"run_dir": str(run_dir), "flush_interval": 60, "health": False},
+    )  # fmt: skip
+    box.append(trainer)
+    _add_reward(trainer, _reward_failing_in_training_at_call(box, fail_at=2, calls=calls))
+    with pytest.raises(RuntimeError, match="reward server"):
+        trainer.train()
+    assert trainer.state.global_step == 1
+    metrics = trainer.evaluate(eval_dataset=grpo_dataset().select(range(2)))
+    series = metric_series(run_dir)  # before finish(): what the barrier delivered
+    assert series["eval/reward"] == [(1, metrics["eval_reward"])]
+    assert [s for s, _ in series["custom/eval_n"]] == [1]  # the trainer's step, not the failed one (2)
+    assert [s for s, _ in series["custom/train_n"]] == [s for s, _ in series["train/reward"]] == [1]
+    assert trainer.rllog_run.finish().ok
+
+
+def test_train_resumed_in_the_same_process_after_a_failure_is_a_new_attempt_of_the_run(tiny_model, tmp_path):
+    run_dir, box, calls = tmp_path / "run", [], []
+    out = tmp_path / "out"
+    trainer = make_grpo_trainer(
+        tiny_model, str(out), steps=3, report_to=["parquet"], save_strategy="steps", save_steps=1,
+        log_completions=False, rllog_options={"run_dir": str(run_dir), "health": False},
+    )  # fmt: skip
+    box.append(trainer)
+    _add_reward(trainer, _reward_failing_in_training_at_call(box, fail_at=3, calls=calls))
+    with pytest.raises(RuntimeError, match="reward server"):
+        trainer.train()  # steps 1 and 2 logged, checkpoints at both
+    first = trainer.rllog_run
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-1"))  # steps 2 and 3 again
+    run = trainer.rllog_run
+    assert (run.run_id, run.run_dir, first.finished) == (first.run_id, first.run_dir, True)
+    assert run.attempt == 2 and run.finish().ok
+    assert [s for s, _ in metric_series(run_dir)["train/reward"]] == [1, 2, 3]  # step 2 once: attempt 2's
+    every = [r["step"] for r in rllog.read_metrics(run_dir, attempts="all").to_pylist() if r["key"] == "train/reward"]
+    assert sorted(every) == [1, 2, 2, 3]
+    attempts = __import__("json").loads((run_dir / "run.json").read_text())["attempts"]
+    assert [a["attempt"] for a in attempts] == [1, 2]
+
+
+def test_evaluate_before_a_resume_in_a_new_trainer_leaves_the_checkpoints_run_to_continue(tiny_model, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from tiny_grpo import grpo_dataset
+
+    monkeypatch.setenv("RLLOG_DIR", str(tmp_path / "runs"))
+    out = tmp_path / "out"
+
+    def build():  # no run_dir option: the checkpoint names the run
+        return make_grpo_trainer(
+            tiny_model, str(out), steps=3, report_to=["parquet"], save_strategy="steps", save_steps=1,
+            log_completions=False, rllog_options={"health": False},
+        )  # fmt: skip
+
+    first = build()
+    first.train()
+    killed = first.rllog_run
+    killed.finish("killed")  # the process that trained is gone
+    second = build()  # a new process: evaluates the checkpoint's model first, then resumes from it
+    metrics = second.evaluate(eval_dataset=grpo_dataset().select(range(2)))
+    evaluation = second.rllog_run
+    second.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    run = second.rllog_run
+    assert (run.run_id, Path(run.run_dir), run.attempt) == (killed.run_id, Path(killed.run_dir), 2)
+    assert run.finish().ok and evaluation.finished and evaluation.run_id != run.run_id
+    assert [s for s, _ in metric_series(run.run_dir)["train/reward"]] == [1, 2, 3]
+    assert "eval/reward" not in metric_series(run.run_dir)
+    assert metric_series(evaluation.run_dir)["eval/reward"] == [(0, metrics["eval_reward"])]  # a run of its own
+
+
+def test_a_plain_trainers_evaluate_after_a_train_that_raised_flushes_and_logs_at_the_trainers_step(tiny_model, tmp_path):
+    """The callback alone (no mixin to see the exception): evaluate() finds no training loop on the stack."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+
+    from rllog.integrations.transformers import RLLogCallback
+
+    class FailInStep2(TrainerCallback):  # after the RLLogCallback: the step has begun when it raises
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                raise RuntimeError("out of memory")
+
+    def compute_metrics(prediction):
+        rllog.log({"custom/eval_batches": 1.0})  # no step, no trainer reference
+        return {"seen": float(len(prediction.label_ids))}
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tokenizer(PROMPTS[:4], padding="max_length", max_length=8, truncation=True)["input_ids"]
+    data = Dataset.from_dict({"input_ids": ids, "labels": ids})
+    run_dir, callback = tmp_path / "run", RLLogCallback(run_dir=str(tmp_path / "run"), flush_interval=60, health=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=3, logging_steps=1, per_device_train_batch_size=2,
+        report_to="none", use_cpu=True, save_strategy="no",
+    )  # fmt: skip
+    trainer = Trainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model), args=args, train_dataset=data, eval_dataset=data,
+        callbacks=[callback, FailInStep2()], compute_metrics=compute_metrics,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trainer.train()
+    metrics = trainer.evaluate()
+    series = metric_series(run_dir)  # before finish(): what the barrier delivered
+    assert series["eval/loss"] == [(1, pytest.approx(metrics["eval_loss"], rel=1e-6))]
+    assert series["custom/eval_batches"] == [(1, 1.0)]  # the trainer's step, not the failed one (2)
+    assert callback.finish().ok

@@ -16,11 +16,13 @@ A ``None`` value (TRL logs one for a metric whose every sample was NaN) is logge
 not a number (a string, a list) is not a metric and is skipped with a warning naming it, once per key.
 
 Lifecycle: the run starts when training (or the first log of an evaluation) starts, on the global main
-process; ``train()`` and ``evaluate()`` return only once every tracker holds what they logged
+process (the other processes get a :class:`rllog.NullRun`, so that ``rllog.log`` in a reward function works
+on every rank and writes nothing there); ``train()`` and ``evaluate()`` return only once every tracker holds what they logged
 (:meth:`rllog.Run.flush`); the run stays open for later ``evaluate()`` calls and is finished by
 :meth:`RLLogCallback.finish`, when the trainer is garbage-collected, or at interpreter exit. A trainer
 resumed from a checkpoint (``train(resume_from_checkpoint=...)``) continues the same rllog run and
-tracker runs: the run's id and directory travel in the checkpoint's ``trainer_state.json``.
+tracker runs, as a new attempt, whatever run the callback had open (in this process too, after a ``train()``
+that raised or an ``evaluate()``): the run's id and directory travel in the checkpoint's ``trainer_state.json``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import math
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -284,10 +287,40 @@ class RLLogCallback(TrainerCallback):
         return self.run
 
     def finish(self, status: str = "finished", timeout: float = 120.0):
-        """Finish the run (``finished``, ``failed`` or ``killed``); returns its report (None without a run)."""
+        """Finish the run (``finished``, ``failed`` or ``killed``); returns its report (None without a run, and on
+        processes other than the main one, whose :class:`rllog.NullRun` has nothing to report)."""
         if self.run is None:
             return None
-        return self.run.finish(status, timeout)
+        report = self.run.finish(status, timeout)
+        return None if isinstance(self.run, rllog.NullRun) else report
+
+    def start_elsewhere(self) -> rllog.NullRun:
+        """On a process other than the global main one: a :class:`rllog.NullRun` made the current run (idempotent).
+
+        GRPO computes rewards on every process, so a reward function's ``rllog.log()`` runs on every rank and
+        needs a current run there too; the NullRun takes the call and writes nothing. It does not reduce across
+        ranks: the main process logs without a collective, so a collective here would wait for it forever.
+        """
+        if self.run is None:
+            self.run = rllog.NullRun(self.report_to, reduce_across_ranks=False)
+            rllog._make_current(self.run)
+        return self.run
+
+    def _continue_the_checkpoints_run(self, state: Any) -> None:
+        """At a ``train()`` that resumes from a checkpoint naming a run: end the run this callback has open, so that
+        :meth:`start` continues the checkpoint's run as a new attempt, as a resume in a fresh process does.
+
+        Kept open, the run took the resumed steps into the attempt that had logged them already (a ``train()``
+        that failed in this process: one step shown twice); and a run started by an ``evaluate()`` before the
+        resume would have taken the whole resumed training, leaving the checkpoint's run unfinished.
+        """
+        saved = _saved_run(state)
+        if not saved or self.run is None or self._release is None or self.run.finished:
+            return  # nothing open, or a run the user gave (theirs to manage)
+        self.run.finish("failed" if self._training else self._release.status)  # a train() that never ended failed
+        if saved.get("run_id") != self.run.run_id:  # another run (an evaluate()'s): it stays as it is
+            self.run, self._release = None, None  # so that start() takes the checkpoint's run, not this one
+        # else start() opens the same run again: a new attempt
 
     def _resume_kwargs(self, saved: dict | None, previous: Any) -> dict:
         if previous is not None:
@@ -343,12 +376,17 @@ class RLLogCallback(TrainerCallback):
 
     # -- the trainer's events --------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.is_world_process_zero:
+            self._continue_the_checkpoints_run(state)
         self._clock.state = state
+        self._clock.in_step = False  # a train() that raised left it set
         self._training = True
         self._train_started = (time.monotonic(), state.global_step)
         self._asked_at_once = False
         if state.is_world_process_zero:
             self.start(args, model, state)
+        else:
+            self.start_elsewhere()
         if self.run is not None:
             # rllog.log(...) without a step, from a reward function or another callback, lands on the
             # step the trainer is computing (the one its own logs for this step will carry).
@@ -395,18 +433,41 @@ class RLLogCallback(TrainerCallback):
         if state.is_world_process_zero:
             self._flush()
 
+    def train_raised(self, status: str) -> None:
+        """``train()`` raised: transformers calls no ``on_train_end`` then (its training loop has no ``finally``).
+        The run's outcome is ``status`` (``failed`` or ``killed``), and the training is over."""
+        self._set_outcome(status)
+        self._training = False
+        self._clock.in_step = False
+
+    def end_a_train_that_raised(self) -> None:
+        """Outside ``train()``, end a ``train()`` that raised without :meth:`train_raised` (a plain Trainer's):
+        left as it was, ``_training`` made a later ``evaluate()`` skip its flush barrier, and the clock stayed in
+        the failed step, so a step-less ``rllog.log`` landed one step too high."""
+        if (self._training or self._clock.in_step) and not _training_loop_running():
+            self.train_raised("failed")
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self._clock.in_step:  # never so in an evaluation during training: it runs between steps
+            self.end_a_train_that_raised()
+
     def on_evaluate(self, args, state, control, **kwargs):
+        self.end_a_train_that_raised()
         if state.is_world_process_zero and not self._training:  # during training the end of train() flushes
             self._flush()
 
     def on_predict(self, args, state, control, metrics=None, **kwargs):
+        self.end_a_train_that_raised()
         if state.is_world_process_zero and metrics:
             self.on_log(args, state, control, logs=metrics, model=kwargs.get("model"))
             if not self._training:
                 self._flush()
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
+        if not state.is_world_process_zero:
+            self.start_elsewhere()
+            return
+        if not logs:
             return
         if self._clock.state is None:
             self._clock.state = state
@@ -448,6 +509,17 @@ def _saved_run(state: Any) -> dict | None:
     """The run a checkpoint's TrainerState names (see :meth:`RLLogCallback._remember`), if any."""
     entry = (getattr(state, "stateful_callbacks", None) or {}).get(STATE_KEY) if state is not None else None
     return entry.get("attributes") if isinstance(entry, dict) else None
+
+
+def _training_loop_running() -> bool:
+    """Whether this thread is inside a Trainer's training loop (``Trainer._inner_training_loop``, which every
+    ``train()`` runs): an ``evaluate()`` from within it is one of training's, any other comes after it."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_inner_training_loop":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _selected_names(report_to: Any) -> list[str]:

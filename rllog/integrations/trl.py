@@ -216,7 +216,8 @@ class RLLogMixin(_TrainerBase):
 
     @property
     def rllog_run(self):
-        """The rllog run (None before ``train()``/``evaluate()`` and on processes other than the main one)."""
+        """The rllog run (None before ``train()``/``evaluate()``; a :class:`rllog.NullRun` on processes other than
+        the main one)."""
         return self.rllog_callback.run
 
     def train(self, *args: Any, **kwargs: Any):
@@ -224,17 +225,21 @@ class RLLogMixin(_TrainerBase):
         try:
             return super().train(*args, **kwargs)
         except KeyboardInterrupt:
-            self.rllog_callback._set_outcome("killed")
+            self.rllog_callback.train_raised("killed")
             raise
         except Exception:
-            self.rllog_callback._set_outcome("failed")
+            self.rllog_callback.train_raised("failed")
             raise
         finally:
             _profiling_callback.reset(token)
 
     def evaluate(self, *args: Any, **kwargs: Any):
+        # reward functions may rllog.log() during it, on every process: each needs a current run
+        self.rllog_callback.end_a_train_that_raised()
         if self.accelerator.is_main_process:
-            self.rllog_callback.start(self.args, self.model, self.state)  # reward functions may rllog.log() during it
+            self.rllog_callback.start(self.args, self.model, self.state)
+        else:
+            self.rllog_callback.start_elsewhere()
         token = _profiling_callback.set(self.rllog_callback)
         try:
             return super().evaluate(*args, **kwargs)
