@@ -901,3 +901,38 @@ def test_a_plain_trainers_evaluate_after_a_train_that_raised_flushes_and_logs_at
     assert series["eval/loss"] == [(1, pytest.approx(metrics["eval_loss"], rel=1e-6))]
     assert series["custom/eval_batches"] == [(1, 1.0)]  # the trainer's step, not the failed one (2)
     assert callback.finish().ok
+
+
+def test_each_trial_of_a_hyperparameter_search_is_a_run_of_its_own(tiny_model, tmp_path, monkeypatch):
+    """train(trial=...) is what Trainer.hyperparameter_search calls per trial (a dict trial needs no search backend)."""
+    from pathlib import Path
+
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    from rllog.integrations.transformers import RLLogCallback
+    from rllog.run import load_run_info
+
+    monkeypatch.setenv("RLLOG_DIR", str(tmp_path / "runs"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    ids = tokenizer(PROMPTS[:4], padding="max_length", max_length=8, truncation=True)["input_ids"]
+    callback = RLLogCallback(health=False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=2, logging_steps=1, per_device_train_batch_size=2,
+        report_to="none", use_cpu=True, save_strategy="no", run_name="search",
+    )  # fmt: skip
+    trainer = Trainer(
+        model=AutoModelForCausalLM.from_pretrained(tiny_model), args=args,
+        train_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}), callbacks=[callback],
+    )  # fmt: skip
+    trainer.hp_name = lambda trial: f"trial-{trial['n']}"
+    runs = []
+    for n in (0, 1):
+        trainer.train(trial={"n": n})
+        runs.append(callback.run)
+    assert callback.finish().ok and runs[0].finished and runs[0].run_id != runs[1].run_id
+    assert len(list(Path(tmp_path / "runs").iterdir())) == 2
+    for n, run in enumerate(runs):
+        info = load_run_info(run.run_dir)[0]
+        assert info.name == f"trial-{n}" and info.config["trial/n"] == n
+        assert [s for s, _ in metric_series(run.run_dir)["train/loss"]] == [1, 2]  # its own steps, not over another's

@@ -268,13 +268,18 @@ class RLLogCallback(TrainerCallback):
         # The trainer has reduced its metrics across ranks already and logs from the main process only.
         kwargs: dict[str, Any] = {
             "project": getattr(args, "project", None) or DEFAULT_PROJECT,
-            "name": getattr(args, "run_name", None),
+            "name": _trial(state)[0] or getattr(args, "run_name", None),
             "reduce_across_ranks": False,
         }
         kwargs.update(self._resume_kwargs(_saved_run(state), previous))
         kwargs.update(self.init_kwargs)
-        kwargs["backend_options"] = self._backend_options(args, kwargs.get("backend_options"), _saved_run(state))
+        kwargs["backend_options"] = self._backend_options(
+            args, kwargs.get("backend_options"), _saved_run(state), _trial(state)[0]
+        )
         config = trainer_config(args, model, self.args_report_to)
+        trial_params = _trial(state)[1]
+        if trial_params:
+            config["trial"] = dict(trial_params)  # the trial's hyperparameters, as transformers' callbacks log them
         self.run = rllog.init(report_to=self.report_to, config=config, **kwargs)
         if getattr(self.run, "run_dir", None) is not None:
             self._release = _Release(self.run)
@@ -306,6 +311,18 @@ class RLLogCallback(TrainerCallback):
             rllog._make_current(self.run)
         return self.run
 
+    def _new_run_for_a_trial(self, state: Any) -> None:
+        """At each trial of a hyperparameter search (``train(trial=...)``): end the run this callback started, so that
+        :meth:`start` starts a run of the trial's own, as transformers' wandb, trackio and MLflow callbacks do.
+
+        In one run, every trial logged its steps from 1 again, over the previous trial's.
+        """
+        if not getattr(state, "is_hyper_param_search", False) or self.run is None or self._release is None:
+            return  # no search, nothing open, or a run the user gave (theirs to manage)
+        if not self.run.finished:
+            self.run.finish("failed" if self._training else self._release.status)
+        self.run, self._release = None, None
+
     def _continue_the_checkpoints_run(self, state: Any) -> None:
         """At a ``train()`` that resumes from a checkpoint naming a run: end the run this callback has open, so that
         :meth:`start` continues the checkpoint's run as a new attempt, as a resume in a fresh process does.
@@ -333,9 +350,10 @@ class RLLogCallback(TrainerCallback):
             kwargs["run_dir"] = run_dir
         return kwargs  # without the directory (another machine): found by id under the runs root, or a new one with that id
 
-    def _backend_options(self, args: Any, options: Any, saved: dict | None) -> dict:
+    def _backend_options(self, args: Any, options: Any, saved: dict | None, trial_name: str | None = None) -> dict:
         """The caller's backend options, plus TensorBoard's log directory where transformers writes it:
-        ``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>`` (the same one again when the run resumes), unless
+        ``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>`` (``/<trial_name>`` added for a named hyperparameter search
+        trial; the same one again when the run resumes), unless
         ``TENSORBOARD_LOGGING_DIR`` or a ``logdir`` option says otherwise."""
         options = {name: dict(values) for name, values in (options or {}).items()}
         selects_tensorboard = "tensorboard" in _selected_names(self.report_to)
@@ -345,6 +363,8 @@ class RLLogCallback(TrainerCallback):
             logdir = (saved or {}).get("tensorboard_logdir") or os.path.join(
                 os.path.abspath(output_dir), "runs", datetime.now().strftime("%b%d_%H-%M-%S") + "_" + socket.gethostname()
             )
+            if not (saved or {}).get("tensorboard_logdir") and trial_name:
+                logdir = os.path.join(logdir, trial_name)  # where transformers puts a trial's: trials started together
             options.setdefault("tensorboard", {})["logdir"] = logdir
             self.tensorboard_logdir = logdir
             log.info("rllog: TensorBoard logs in %s", logdir)
@@ -377,6 +397,7 @@ class RLLogCallback(TrainerCallback):
     # -- the trainer's events --------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
+            self._new_run_for_a_trial(state)
             self._continue_the_checkpoints_run(state)
         self._clock.state = state
         self._clock.in_step = False  # a train() that raised left it set
@@ -509,6 +530,13 @@ def _saved_run(state: Any) -> dict | None:
     """The run a checkpoint's TrainerState names (see :meth:`RLLogCallback._remember`), if any."""
     entry = (getattr(state, "stateful_callbacks", None) or {}).get(STATE_KEY) if state is not None else None
     return entry.get("attributes") if isinstance(entry, dict) else None
+
+
+def _trial(state: Any) -> tuple[str | None, dict | None]:
+    """(name, hyperparameters) of the hyperparameter search trial a TrainerState trains, or (None, None)."""
+    if state is None or not getattr(state, "is_hyper_param_search", False):
+        return None, None
+    return getattr(state, "trial_name", None), getattr(state, "trial_params", None)
 
 
 def _training_loop_running() -> bool:
