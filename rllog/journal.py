@@ -291,6 +291,7 @@ class JournalWriter:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._fd = self._open_segment(next_seq)
+            self._size = 0
         except OSError as exc:
             raise RunDirError(f"cannot write the journal in {self.directory}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="rllog-journal", daemon=True)
@@ -302,7 +303,6 @@ class JournalWriter:
         while path.exists():  # a writer never appends to a segment it did not create
             n += 1
             path = self.directory / f"{first_seq:012d}.{n}{SUFFIX}"
-        self._size = 0
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
 
     def append(self, entry: PendingMetrics | TableRecord | AlertRecord | ConfigRecord) -> None:
@@ -415,10 +415,10 @@ class JournalWriter:
         if self._size and self._size + sum(len(f) for _, f in self._frames) > SEGMENT_BYTES:
             try:
                 fd = self._open_segment(self._frames[0][0])
-            except OSError as exc:
+            except OSError as exc:  # the old segment stays the one written, its size known: a cut-back stays in it
                 return self._failed(exc)
             os.close(self._fd)
-            self._fd = fd
+            self._fd, self._size = fd, 0
         data = memoryview(b"".join(f for _, f in self._frames))
         written = 0
         try:

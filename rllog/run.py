@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rllog import distributed, journal
-from rllog.delivery import Follower, RetryPolicy
+from rllog.delivery import CursorStore, Follower, RetryPolicy
 from rllog.errors import ForkedChild, InvalidArgument, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
 from rllog.records import STATUSES, AlertRecord, ConfigRecord, RunInfo, TableRecord
@@ -278,7 +278,7 @@ class Run(RunBase):
             attempts = list(previous.attempts) or [
                 {"attempt": 1, "first_seq": 1, "started": previous.started, "pid": previous.pid}
             ]
-            next_seq = journal.scan(self.run_dir).last_seq + 1
+            next_seq = _resumed_first_seq(self.run_dir)
             self._step = journal.last_step(self.run_dir)
         else:
             run_id = run_id or secrets.token_hex(8)
@@ -658,6 +658,18 @@ class Run(RunBase):
             program=self.info.program,
             args=list(self.info.args),
         )
+
+
+def _resumed_first_seq(run_dir: Path) -> int:
+    """The first seq of a resumed attempt: past every record the journal holds and every one a sink's cursor has
+    passed. A delivered last frame damaged since (bit rot, a power cut after the agent read it from the page cache)
+    is not readable, so counting readable frames alone gave its seq to the attempt's first record, which every sink
+    then skipped as delivered, the report saying so."""
+    last = journal.scan(run_dir).last_seq
+    for name in CursorStore.names(run_dir):
+        cursor = CursorStore(run_dir, name).load()
+        last = max(last, cursor.seq, *cursor.ahead)
+    return last + 1
 
 
 def _program() -> str:

@@ -634,3 +634,85 @@ def test_a_replaced_file_is_read_whole_by_a_reader_racing_the_writer(tmp_path, m
     assert all(len(text.split()[0]) == 10 for text in seen)
     assert values == sorted(values) and len(values) > 100  # old or new, never a mix: one writer, so never back
     assert path.read_text() == "0000002000"
+
+
+def test_a_segment_rollover_refused_on_a_full_disk_keeps_the_old_segments_records(tmp_path, monkeypatch):
+    """A disk with no inode left refuses the new segment's file while the old segment can still grow by a page.
+    The writer forgot the old segment's size when the open failed; the retried write then landed partly in the old
+    segment and was cut back to ``0 + what landed``, destroying every record the segment held before (20 of 60
+    readable, the report saying nothing was lost)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16", "tmpfs", str(disk)], check=True)
+    try:
+        monkeypatch.setattr(journal, "SEGMENT_BYTES", 64 * 1024)
+        writer = journal.JournalWriter(disk / "run", 0.01)
+        seq = 0
+
+        def log(n: int, pad: str) -> None:
+            nonlocal seq
+            for _ in range(n):
+                seq += 1
+                writer.append(journal.PendingMetrics(seq, seq, 0.0, {"loss": float(seq), pad: 1.0}))
+
+        log(200, "p" * 200)  # ~50 KB in the first segment
+        writer.wake()
+        assert writer.wait_written(seq, 10)
+        inodes, n = [], 0
+        while True:  # every inode taken: the next segment's file cannot be made
+            try:
+                (disk / f"i{n}").touch()
+            except OSError:
+                break
+            inodes.append(disk / f"i{n}")
+            n += 1
+        filler = disk / (inodes.pop().name)  # a file that takes the rest of the space but one page
+        with open(filler, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"x" * 4096)
+            except OSError:
+                pass
+        os.truncate(filler, max(0, filler.stat().st_size - 4096))
+        log(100, "q" * 200)  # ~25 KB: past the segment's size, and more than the one free page
+        writer.wake()
+        time.sleep(1.0)  # the writer tries: the rollover is refused, the retry lands part of the frames
+        for path in [*inodes, filler]:
+            path.unlink()
+        assert writer.close("finished", timeout=10)
+        assert writer.stats.unwritten == 0
+        got = [r.seq for r in journal.read_all(disk / "run") if not isinstance(r, journal.End)]
+        assert got == list(range(1, seq + 1))
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_resumed_run_after_its_delivered_last_frame_was_damaged_delivers_its_new_records(tmp_path):
+    """The resumed attempt's first seq came from the readable frames alone: with the last frame (delivered) damaged
+    since, the new attempt's first record got that frame's seq, and the sink skipped it as delivered while the
+    report said so."""
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="parquet", run_dir=run_dir, health=False) as run:
+        for i in range(5):
+            run.log({"a": float(i)}, step=i)
+    segment = journal.segments(journal.journal_dir(run_dir))[0]
+    data, pos, frames = bytearray(segment.read_bytes()), 0, {}
+    while pos < len(data):
+        _kind, seq, length, _crc = journal._header_at(data, pos)
+        frames[seq] = pos
+        pos += journal.HEADER.size + length
+    data[frames[5] + journal.HEADER.size + 5] ^= 0xFF  # one payload byte of the last record (seq 5: a=4.0)
+    segment.write_bytes(bytes(data))
+    with rllog.init(run_dir=run_dir, resume="must", health=False) as run:
+        run.log({"new": 1.0}, step=10)
+    table = rllog.read_metrics(run_dir, attempts="all")
+    assert sorted(zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)) == [
+        ("a", 0.0),
+        ("a", 1.0),
+        ("a", 2.0),
+        ("a", 3.0),
+        ("a", 4.0),  # in the Parquet store since attempt 1: the journal's damage came after
+        ("new", 1.0),
+    ]
