@@ -333,13 +333,14 @@ class MlflowSink:
 
         metrics = []
         last = self._last_timestamp
-        for record in records:
-            # Strictly increasing per record: MLflow orders a history by timestamp and stores
-            # identical (key, timestamp, step, value) once, so a repeated step in the same ms
-            # would otherwise be reordered or merged.
-            last = timestamp = max(round(record.time * 1000), last + 1)
-            for key, value in record.values.items():
-                metrics.append(Metric(self._metric_names(key), float(value), timestamp, int(record.step)))
+        with _mapped_errors():  # a name collision's rename is a run tag, sent now
+            for record in records:
+                # Strictly increasing per record: MLflow orders a history by timestamp and stores
+                # identical (key, timestamp, step, value) once, so a repeated step in the same ms
+                # would otherwise be reordered or merged.
+                last = timestamp = max(round(record.time * 1000), last + 1)
+                for key, value in record.values.items():
+                    metrics.append(Metric(self._metric_names(key), float(value), timestamp, int(record.step)))
         self._pending_metrics.extend(metrics)
         self._last_timestamp = last
 

@@ -348,6 +348,7 @@ class WandbSink:
         self.close_timeout = close_timeout
         self._run: Any = None
         self._last_metrics_seq = 0
+        self._last_table_seq = 0
 
     @property
     def run(self) -> Any:
@@ -356,6 +357,7 @@ class WandbSink:
 
     def open(self, run_info: RunInfo) -> None:
         self._last_metrics_seq = 0
+        self._last_table_seq = 0
         if self._run is None:
             import wandb
 
@@ -418,6 +420,8 @@ class WandbSink:
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()
+        if record.seq <= self._last_table_seq:  # a repeated call (after an error) skips what was logged
+            return
         import wandb
 
         table = record.table
@@ -438,6 +442,7 @@ class WandbSink:
         row[self.step_key] = record.step
         with _mapped():
             run.log(row)
+        self._last_table_seq = record.seq
 
     def write_config(self, record: ConfigRecord) -> None:
         """Config given after ``open`` (``Run.update_config``): ``run.config.update``, changed values allowed."""

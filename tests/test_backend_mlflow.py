@@ -436,6 +436,10 @@ def test_real_server_roundtrip_and_fault_mapping(mlflow_server, tracker_dirs, mo
         sink.write_metrics([rec(6, 3, {"reward": 1.0})])
         with pytest.raises(TransientError):
             sink.flush()
+        # Two keys that map to one MLflow name: the rename is a run tag, sent at once; the server gone then is
+        # transient too (it escaped as MLflow's own exception, taken as permanent: the record dead-lettered).
+        with pytest.raises(TransientError):
+            sink.write_metrics([rec(7, 4, {"a@b": 1.0, "a(b": 2.0})])
     finally:
         proxy.server.server_close()
 

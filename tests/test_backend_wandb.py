@@ -411,8 +411,13 @@ def test_a_rate_limited_open_and_a_call_repeated_after_success(tracker_dirs, tmp
     sink.write_metrics(batch)  # the same call again, as the delivery layer retries it: row 1 not again
     sink.write_metrics(batch)  # and once more: still nothing doubled
     assert [c["rllog/step"] for c in calls] == [1, 2, 2, 3]
+    done = table(4, 3, "completions", {"prompt": ["p"], "completion": ["c"]})
+    sink.write_table(done)
+    sink.write_table(done)  # a table call repeated after it worked: not a second table at step 3
     sink.close("finished")
-    assert reader.read_back(tracker_dirs, run_info).metrics["reward"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    back = reader.read_back(tracker_dirs, run_info)
+    assert back.metrics["reward"] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert back.tables["completions"] == [(3, [{"prompt": "p", "completion": "c"}])]
 
 
 def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path):
