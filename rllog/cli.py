@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rllog.errors import NothingToPlot
+
 if TYPE_CHECKING:
     from rllog.records import AlertRecord
     from rllog.summary import RunSummary
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, NothingToPlot) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
 

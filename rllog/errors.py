@@ -78,3 +78,7 @@ class ForkedChild(RllogError, RuntimeError):
     A forked child (a DataLoader or multiprocessing worker, a reward worker) shares no writer thread
     with the run: return the values to the parent process and log them there.
     """
+
+
+class NothingToPlot(RllogError, ValueError):
+    """``rllog plot`` (``rllog.plot.plot_run``) on a run that has no metrics to plot."""

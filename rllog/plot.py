@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rllog.errors import NothingToPlot
 from rllog.summary import RunSummary, summarise
 
 LEVEL_COLOUR = {"error": "#d62728", "warning": "#ff7f0e"}
@@ -74,7 +75,7 @@ def plot_run(
         names = crucial_keys(s.series) or sorted(s.series)[:9]
         names += sorted({a["metric"] for a in marks if a.get("metric") in s.series} - set(names))
     if not names:
-        raise ValueError(f"no metrics to plot in {run_dir}")
+        raise NothingToPlot(f"no metrics to plot in {run_dir}")
     cols = min(3, len(names))
     rows = math.ceil(len(names) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.0 * rows), squeeze=False)

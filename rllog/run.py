@@ -43,7 +43,16 @@ from rllog.rundir import (
     load_run_info,
     report,
 )
-from rllog.values import TableSchemas, check_step, flatten_config, normalise_metrics, redact, stack_scalars, to_arrow_table
+from rllog.values import (
+    TableSchemas,
+    check_step,
+    flatten_config,
+    normalise_metrics,
+    redact,
+    redact_args,
+    stack_scalars,
+    to_arrow_table,
+)
 
 __all__ = ["FinishReport", "NullRun", "Run", "SinkReport", "load_run_info", "report"]
 
@@ -295,7 +304,7 @@ class Run(RunBase):
             tuple(tags),
             attempt_starts=tuple(a["first_seq"] for a in self._attempts),
             program=_program(),
-            args=tuple(sys.argv[1:]),
+            args=redact_args(sys.argv[1:]),
         )
         self.delivery = delivery
         self.retry = retry or RetryPolicy()

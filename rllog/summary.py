@@ -56,6 +56,7 @@ def summarise(run_dir: str | os.PathLike) -> RunSummary:
         if isinstance(item, End):
             s.status = item.status
             continue
+        s.status = None  # records after an end marker: a resumed attempt, running or killed until its own end
         s.records += 1
         if isinstance(item, AlertRecord):
             s.alerts.append(item)

@@ -15,7 +15,8 @@ import numbers
 import re
 import sys
 import threading
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -25,6 +26,9 @@ from rllog.errors import InvalidKey, InvalidStep, InvalidTable, InvalidValue
 RESERVED_TABLE_COLUMNS = ("_step", "_seq")
 INT64_MAX = 2**63 - 1  # every tracker stores steps as int64
 REDACTED = "***REDACTED***"
+# A table name's length once percent-encoded: the Parquet store names a directory after it, and file systems allow
+# 255 bytes for a name (a longer one failed the whole sink inside delivery: "File name too long").
+MAX_TABLE_NAME_ENCODED = 200
 
 
 def check_step(step: Any) -> int:
@@ -99,6 +103,13 @@ def to_scalar(key: str, value: Any) -> Any:
     Raises:
         InvalidValue: for anything that is not one real number.
     """
+    try:
+        return _to_scalar(key, value)
+    except OverflowError:
+        raise InvalidValue(f"metric {key!r}: {value!r:.80} is beyond a float's range") from None
+
+
+def _to_scalar(key: str, value: Any) -> Any:
     cls = type(value)
     if cls is float:
         return value
@@ -144,8 +155,12 @@ def normalise_metrics(values: Mapping[str, Any]) -> tuple[dict[str, float], dict
         kinds = set(map(type, values.values()))
         if kinds <= _NUMBERS and set(map(type, values)) == _STR and all(map(str.isascii, values)) and "" not in values:
             if int in kinds:
-                return {k: float(v) for k, v in values.items()}, {}
-            return dict(values), {}
+                try:
+                    return {k: float(v) for k, v in values.items()}, {}
+                except OverflowError:
+                    pass  # an int beyond a float's range: the slow path names the key
+            else:
+                return dict(values), {}
     floats: dict[str, float] = {}
     tensors: dict[str, Any] = {}
     for key, value in flatten(values).items():
@@ -191,10 +206,20 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidKey(f"table names must be non-empty strings, got {name!r}")
+    if len(urllib.parse.quote(name, safe="")) > MAX_TABLE_NAME_ENCODED:
+        raise InvalidKey(
+            f"table name {name[:40]!r}... is too long: at most {MAX_TABLE_NAME_ENCODED} characters once percent-encoded "
+            "(the Parquet store names a directory after it; non-ASCII characters take 6-12)"
+        )
     try:
         if isinstance(table, pa.Table):
             result = table
         elif isinstance(table, Mapping):
+            text = [str(k) for k, v in table.items() if isinstance(v, (str, bytes, bytearray))]
+            if text:  # list("abc") would make a column of its characters
+                raise InvalidTable(
+                    f"table {name!r}: columns {text} are text, not columns of values (wrap a single value in a list)"
+                )
             columns = {str(k): (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in table.items()}
             if len(columns) != len(table):
                 raise InvalidTable(f"table {name!r}: two column names are equal as text ({list(table)})")
@@ -535,6 +560,22 @@ def redact_text(text: str) -> str:
     return _QUOTED_ITEM.sub(_quoted_item, text)
 
 
+def redact_args(args: Sequence[str]) -> tuple[str, ...]:
+    """Command-line arguments with credentials replaced: :func:`redact_text` on each, and the argument after an
+    option that names a credential (``--hub_token VALUE``: two arguments, which :func:`redact_text` sees apart)."""
+    out = [redact_text(str(a)) for a in args]
+    for i in range(len(out) - 1):
+        option = str(args[i])
+        if (
+            option.startswith("-")
+            and "=" not in option
+            and is_secret_key(option.lstrip("-"))
+            and not str(args[i + 1]).startswith("-")
+        ):
+            out[i + 1] = REDACTED
+    return tuple(out)
+
+
 def _keeps_no_secret(value: Any) -> bool:
     """None, booleans (``use_auth_token=True``) and empty values hold no secret: kept even under a secret key."""
     return value is None or isinstance(value, bool) or (isinstance(value, (str, bytes, Mapping, list, tuple, set)) and not value)
@@ -598,7 +639,7 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
         name = f"{prefix}{key}"
-        if is_secret_key(str(key)) and not _keeps_no_secret(value):
+        if (is_secret_key(str(key)) or is_secret_key(name)) and not _keeps_no_secret(value):  # openai/api/key
             flat[name] = REDACTED
         elif isinstance(value, Mapping):
             flat.update(flatten_config(value, name + "/", keep_lists))

@@ -332,3 +332,32 @@ def test_full_queue_applies_backpressure_and_drops_nothing(tmp_path, monkeypatch
 def test_errors_share_one_base_class():
     for error in (InvalidValue, InvalidKey, InvalidStep, InvalidTable, RunFinished, RunDirError):
         assert issubclass(error, RllogError)
+
+
+def test_a_table_name_too_long_for_a_directory_is_refused_at_the_call_and_the_run_goes_on(tmp_path):
+    """The Parquet store names a directory after the table: a name longer than a file system allows was accepted,
+    then failed the whole sink inside delivery ("File name too long": every record of the run pending)."""
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False) as run:
+        with pytest.raises(InvalidKey, match="too long"):
+            run.log_table("long name " + "x" * 300, {"a": [1]})
+        with pytest.raises(InvalidKey, match="too long"):
+            run.log_table("表" * 30, {"a": [1]})  # 30 characters, 270 once percent-encoded
+        run.log_table("表" * 20, {"a": [2]}, step=0)
+        run.log({"x": 1.0}, step=0)
+    assert rllog.read_table(tmp_path / "r", "表" * 20).column("a").to_pylist() == [2]
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [1.0]
+
+
+def test_a_text_value_given_as_a_column_is_refused_not_split_into_characters(tmp_path):
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False) as run:
+        with pytest.raises(InvalidTable, match="text, not columns"):
+            run.log_table("t", {"prompt": "abc", "reward": [1.0, 2.0, 3.0]})
+        run.log_table("t", {"prompt": ["abc"], "reward": [1.0]}, step=0)
+    assert rllog.read_table(tmp_path / "r", "t").column("prompt").to_pylist() == ["abc"]
+
+
+@pytest.mark.parametrize("values", [{"x": 10**400}, {"x": 1.0, "y": 10**400}, {"a": {"x": 10**400}}])
+def test_an_int_beyond_a_floats_range_is_an_invalid_value_naming_the_key(tmp_path, values):
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False) as run:
+        with pytest.raises(InvalidValue, match="beyond a float's range"):
+            run.log(values)

@@ -162,3 +162,29 @@ def test_entry_points_are_read_once_and_again_for_a_name_not_known(tmp_path, mon
     with pytest.raises(UnknownBackend):
         registry.resolve("neptune")
     assert len(looks) == 3
+
+
+def test_show_says_a_resumed_attempt_is_not_finished_and_plot_of_no_metrics_is_a_clear_error(tmp_path, capsys):
+    """After a finished attempt, a resumed one still running (or killed) was shown with the first attempt's end
+    status, ``finished``; ``rllog plot`` of a run without metrics ended in a traceback."""
+    from rllog.summary import summarise
+
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="parquet", run_dir=run_dir, health=False) as run:
+        run.log({"x": 1.0}, step=0)
+    assert summarise(run_dir).status == "finished"
+    run = rllog.init(run_dir=run_dir, resume="must", health=False)
+    run.log({"x": 2.0}, step=1)
+    assert run.flush().ok
+    assert summarise(run_dir).status is None  # shown as running or killed
+    run.finish()
+    assert summarise(run_dir).status == "finished"
+
+    empty = tmp_path / "empty"
+    with rllog.init(report_to="parquet", run_dir=empty, health=False) as run:
+        run.log_table("t", {"a": [1]}, step=0)
+    capsys.readouterr()
+    from rllog.cli import main as cli_main
+
+    assert cli_main(["plot", str(empty), "-o", str(tmp_path / "p.png")]) == 2
+    assert "no metrics to plot" in capsys.readouterr().out

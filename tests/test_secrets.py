@@ -462,3 +462,29 @@ def test_backend_options_reach_the_agent_while_run_json_holds_a_redacted_copy(tm
     assert stored["sinks"][0]["options"] == {"directory": str(tmp_path / f"parquet-{REDACTED}")}
     for path in (p for p in run_dir.rglob("*") if p.is_file()):
         assert HF.encode() not in path.read_bytes(), f"the option's secret reached {path.relative_to(run_dir)}"
+
+
+ARGV_CHILD = r"""
+import sys, rllog
+with rllog.init(report_to="parquet", run_dir=sys.argv[1], config={"openai": {"api": {"key": "NESTEDKEYVALUE123"}}}) as run:
+    run.log({"x": 1.0}, step=0)
+"""
+
+
+def test_credentials_on_the_command_line_and_in_nested_config_keys_never_reach_disk(tmp_path):
+    """The trainer's arguments went to run.json as given (``--hub_token VALUE`` is two arguments, which the text rule
+    sees apart), and a nested ``openai/api/key`` was judged by its last part alone (``key``)."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "r"
+    secrets = ["abcdEFGH1234secret", "zzTOPSECRET99", "pw0rdXYZ", "NESTEDKEYVALUE123"]
+    argv = [str(run_dir), "--hub_token", secrets[0], f"--api-key={secrets[1]}", "--password", secrets[2], "--lr", "0.1"]
+    subprocess.run([sys.executable, "-c", ARGV_CHILD, *argv], check=True, timeout=120)
+    stored = json.loads((run_dir / "run.json").read_text())
+    assert stored["args"][1:] == ["--hub_token", REDACTED, f"--api-key={REDACTED}", "--password", REDACTED, "--lr", "0.1"]
+    assert stored["config"]["openai/api/key"] == REDACTED
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert not any(s.encode() in data for s in secrets), path
