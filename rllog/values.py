@@ -641,8 +641,8 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
         name = f"{prefix}{key}"
         if (is_secret_key(str(key)) or is_secret_key(name)) and not _keeps_no_secret(value):  # openai/api/key
             flat[name] = REDACTED
-        elif isinstance(value, Mapping):
-            flat.update(flatten_config(value, name + "/", keep_lists))
+        elif (fields := _nested_config(value)) is not None:
+            flat.update(flatten_config(fields, name + "/", keep_lists))
         elif value is None or isinstance(value, (bool, int)):
             flat[name] = value
         elif isinstance(value, float):
@@ -658,6 +658,17 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
         else:  # bytes, objects: their text, redacted (a dataclass's repr shows `password='...'`)
             flat[name] = redact_text(str(value))
     return flat
+
+
+def _nested_config(value: Any) -> Mapping | None:
+    """A config value's fields when it is a config of its own: a mapping, a dataclass, an ``argparse.Namespace``, a
+    pydantic model, an object with ``to_dict()``; else None. Lightning's ``save_hyperparameters()`` keeps a dataclass
+    argument as one; its MLflow and TensorBoard loggers flatten it into ``cfg/lr``, and so does rllog."""
+    if value is None or isinstance(value, (str, bytes, bytearray, bool, int, float, list, tuple, set, frozenset)):
+        return None
+    if type(value).__name__ == "Namespace" and hasattr(value, "__dict__"):
+        return vars(value)
+    return _as_mapping(value)
 
 
 def _is_json_scalar(value: Any) -> bool:

@@ -99,3 +99,26 @@ def test_selected_by_name(tmp_path):
     assert (meta["project"], meta["config"]["seed"], meta["status"]) == ("by-name", 7, "finished")
     rows = parquet.read_metrics(run.run_dir).to_pylist()
     assert [(r["step"], r["value"]) for r in rows if r["key"] == "train/loss"] == list(enumerate(losses))
+
+
+def test_init_trackers_after_end_training_starts_a_new_run(tmp_path, monkeypatch):
+    from rllog.integrations.accelerate import RLLogTracker
+
+    """accelerate's own trackers start a fresh run at each ``init_trackers``; rllog's kept its finished run, and the
+    next ``log`` raised ``RunFinished``."""
+    monkeypatch.setenv("RLLOG_DIR", str(tmp_path / "runs"))
+    tracker = RLLogTracker(report_to="parquet", project="accel")
+    accelerator = Accelerator(cpu=True, log_with=tracker)
+    accelerator.init_trackers("accel", config={"lr": 1})
+    accelerator.log({"loss": 1.0}, step=0)
+    accelerator.end_training()
+    first = tracker.run
+    accelerator.init_trackers("accel", config={"lr": 2})
+    accelerator.log({"loss": 2.0}, step=0)
+    accelerator.end_training()
+    assert tracker.run is not first and first.finished
+    assert [r["value"] for r in parquet.read_metrics(first.run_dir).to_pylist()] == [1.0]
+    # accelerate lists a tracker instance again at each init_trackers (its own named trackers too), so the second
+    # training's log reaches this tracker twice: the same row, twice
+    assert {r["value"] for r in parquet.read_metrics(tracker.run.run_dir).to_pylist()} == {2.0}
+    assert parquet.read_meta(tracker.run.run_dir)["config"]["lr"] == 2

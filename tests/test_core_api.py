@@ -328,3 +328,27 @@ def test_no_import_cycle_in_rllog():
 
     cycles = sorted(name for name in graph if reaches(name, name, set()))
     assert cycles == [], cycles
+
+
+@dataclasses.dataclass
+class _Optim:
+    lr: float = 0.1
+    betas: tuple = (0.9, 0.99)
+
+
+def test_a_dataclass_or_namespace_inside_the_config_is_flattened_like_a_dict(tmp_path):
+    """Lightning's ``save_hyperparameters()`` keeps a dataclass argument whole; its MLflow and TensorBoard loggers
+    flatten it (``optim/lr``). rllog stored its ``repr`` as one text value."""
+    import argparse
+
+    config = {"optim": _Optim(), "args": argparse.Namespace(seed=7, data={"path": "d"}), "name": "x"}
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", config=config, health=False) as run:
+        run.log({"x": 1.0}, step=0)
+    stored = json.loads((tmp_path / "r" / "run.json").read_text())["config"]
+    assert {k: stored[k] for k in ("optim/lr", "optim/betas", "args/seed", "args/data/path", "name")} == {
+        "optim/lr": 0.1,
+        "optim/betas": [0.9, 0.99],
+        "args/seed": 7,
+        "args/data/path": "d",
+        "name": "x",
+    }

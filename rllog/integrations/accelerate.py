@@ -65,7 +65,8 @@ class RLLogTracker(GeneralTracker):
 
     @on_main_process
     def start(self) -> None:
-        if self.run is None:
+        """Start a run, unless one is open; after ``end_training``, a new one (as accelerate's own trackers do)."""
+        if self.run is None or (self._owns_run and self.run.finished):
             self.run = rllog.init(
                 report_to=self.report_to, project=self.project_name, reduce_across_ranks=False, **self.init_kwargs
             )
