@@ -121,6 +121,7 @@ class RunInfo:
     config: Mapping[str, Any] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
     attempt_starts: tuple[int, ...] = (1,)
+    continuing_starts: tuple[int, ...] = ()
     program: str = ""
     args: tuple[str, ...] = ()
 
@@ -128,6 +129,7 @@ class RunInfo:
         object.__setattr__(self, "config", _frozen(self.config))
         object.__setattr__(self, "tags", tuple(self.tags))
         object.__setattr__(self, "attempt_starts", tuple(self.attempt_starts))
+        object.__setattr__(self, "continuing_starts", tuple(self.continuing_starts))
         object.__setattr__(self, "args", tuple(self.args))
 
 

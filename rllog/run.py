@@ -165,7 +165,9 @@ def _takes_tables(selected: list) -> bool:
     return False
 
 
-RESUME_MODES = ("allow", "must", "never")
+# "continue": as "must", for a run finished cleanly and reopened by the same trainer (a later evaluate() or
+# Lightning stage): the attempt carries on from where the run stopped, so it supersedes nothing of the earlier ones.
+RESUME_MODES = ("allow", "must", "never", "continue")
 # The journal writer hands records to the OS at least this often, so the delivery agent works through them as they
 # come rather than in half-second bursts (the last burst was what a train()'s final flush waited for).
 JOURNAL_WRITE_INTERVAL = 0.05
@@ -269,9 +271,9 @@ class Run(RunBase):
             else (find_run(run_id) if run_id and run_dir is None else None)
         )
         self.resumed = existing is not None and resume != "never"
-        if resume == "must" and not self.resumed:
+        if resume in ("must", "continue") and not self.resumed:
             raise RunDirError(
-                f"resume='must' but there is no run to resume ({'run_dir ' + str(run_dir) if run_dir else 'run_id ' + str(run_id)})"
+                f"resume={resume!r} but there is no run to resume ({'run_dir ' + str(run_dir) if run_dir else 'run_id ' + str(run_id)})"
             )
         next_seq, attempts, config_flat = 1, [], flatten_config(config, keep_lists=True)
         if self.resumed:
@@ -295,6 +297,8 @@ class Run(RunBase):
             self._run_lock = RunLock(self.run_dir).acquire(f"cannot start a run in {self.run_dir}")
         self.attempt = len(attempts) + 1
         self._attempts = [*attempts, {"attempt": self.attempt, "first_seq": next_seq, "started": time.time(), "pid": os.getpid()}]
+        if resume == "continue":
+            self._attempts[-1]["continues"] = True
         self.info = RunInfo(
             project,
             name or f"run-{run_id}",
@@ -303,6 +307,7 @@ class Run(RunBase):
             config_flat,
             tuple(tags),
             attempt_starts=tuple(a["first_seq"] for a in self._attempts),
+            continuing_starts=tuple(a["first_seq"] for a in self._attempts if a.get("continues")),
             program=_program(),
             args=redact_args(sys.argv[1:]),
         )

@@ -70,6 +70,7 @@ class RunFile:
             self.config,
             tuple(self.tags),
             attempt_starts=starts,
+            continuing_starts=tuple(sorted(a["first_seq"] for a in self.attempts if a.get("continues"))),
             program=self.program,
             args=tuple(self.args),
         )

@@ -103,9 +103,12 @@ def store_dir(run_dir: str | os.PathLike) -> Path:
 
 def _attempt_starts(run_dir: Path, metrics: pa.Table) -> list[tuple[int, int]]:
     """``(first_seq, first_step)`` of every resumed attempt that logged metrics (attempt 2 on)."""
-    firsts = sorted(a["first_seq"] for a in _run_file(run_dir).get("attempts", []))[1:]
+    attempts = sorted(_run_file(run_dir).get("attempts", []), key=lambda a: a["first_seq"])[1:]
+    firsts = [a["first_seq"] for a in attempts]
     starts = []
     for i, first in enumerate(firsts):
+        if attempts[i].get("continues"):  # carries on from where the run stopped: supersedes nothing
+            continue
         end = firsts[i + 1] if i + 1 < len(firsts) else None
         mask = pc.greater_equal(metrics.column("seq"), first)
         if end is not None:

@@ -228,6 +228,7 @@ class TensorBoardSink:
         self._last_step = 0
         self._high: int | None = None  # highest step of any point written (None: none yet)
         self._attempt_starts: tuple[int, ...] = (1,)
+        self._continuing_starts: frozenset[int] = frozenset()
         self._decided: set[int] = set()  # attempts whose restart was decided (marked in the run)
         self._config: dict[str, Any] = {}  # the config so far (this session's values keep their types)
         self._config_rows: dict[str, tuple[str, str]] = {}  # key -> (value text, "set at step" text), as shown
@@ -247,6 +248,7 @@ class TensorBoardSink:
         )
         remembered.save(logdir=self.logdir)
         self._attempt_starts = tuple(sorted(run_info.attempt_starts)) or (1,)
+        self._continuing_starts = frozenset(getattr(run_info, "continuing_starts", ()))
         self._trial_id = run_info.run_id
         self._layers = [_Layer(self._layer_path(0))]
         self._recover()
@@ -418,7 +420,8 @@ class TensorBoardSink:
         self._decided.add(attempt)
         from tensorboard.compat.proto import event_pb2
 
-        restarts = self._high is not None and record.step <= self._high
+        continues = self._attempt_starts[attempt - 1] in self._continuing_starts  # a reopened run: no restart
+        restarts = self._high is not None and record.step <= self._high and not continues
         verb = "restarts" if restarts else "continues"
         session = event_pb2.SessionLog(
             status=event_pb2.SessionLog.START if restarts else event_pb2.SessionLog.STATUS_UNSPECIFIED,

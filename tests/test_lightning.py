@@ -82,6 +82,10 @@ class WithValidation(TinyRegression):
         x, y = batch
         self.log("val/loss", torch.nn.functional.mse_loss(self.net(x), y))
 
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test/loss", torch.nn.functional.mse_loss(self.net(x), y))
+
 
 def test_a_later_stage_resumes_the_same_run(tmp_path):
     logger = RLLogLogger(report_to="parquet", project="lit", run_dir=tmp_path / "run")
@@ -90,8 +94,14 @@ def test_a_later_stage_resumes_the_same_run(tmp_path):
     fit.fit(model, loader())
     run_id = logger.version
     fit.validate(model, loader())  # Lightning finalizes the logger after fit; validate logs again
+    fit.test(model, loader())  # at the same step as validate's
 
     meta = parquet.read_meta(tmp_path / "run")
     assert (meta["run_id"], meta["status"]) == (run_id, "finished")
     keys = {r["key"] for r in parquet.read_metrics(tmp_path / "run").to_pylist()}
-    assert {"train/loss", "val/loss"} <= keys
+    assert {"train/loss", "val/loss", "test/loss"} <= keys
+    # validate() and test() continue the run (they log at the same step): the latest view hides nothing
+    rows = lambda attempts: sorted(  # noqa: E731
+        (r["key"], r["step"], r["value"]) for r in parquet.read_metrics(tmp_path / "run", attempts=attempts).to_pylist()
+    )
+    assert rows("latest") == rows("all")

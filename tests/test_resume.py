@@ -158,3 +158,29 @@ def test_show_and_summary_take_config_records_and_the_latest_attempt(tmp_path, c
     assert summary.records == 42  # 40 metrics records and 2 config records
     assert cli_main(["show", str(run_dir)]) == 0
     assert "reward" in capsys.readouterr().out
+
+
+def test_a_run_reopened_to_continue_hides_nothing_of_the_earlier_attempt(tmp_path, tracker_dirs):
+    """``resume="continue"`` (a later ``evaluate()`` after ``finish()``, a Lightning ``test()`` after ``fit()``): the
+    attempt carries on where the run stopped. As a restart, its first record (``eval/loss`` at the last training
+    step) hid that step's ``loss`` from ``read_metrics``, ``rllog show`` and TensorBoard (which purges from a
+    restart marker)."""
+    from rllog.summary import summarise
+
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="parquet,tensorboard", run_dir=run_dir, health=False) as run:
+        for step in range(3):
+            run.log({"loss": float(step)}, step=step)
+    with rllog.init(report_to="parquet,tensorboard", run_dir=run_dir, resume="continue", health=False) as run:
+        run.log({"eval/loss": 0.5}, step=2)
+    info = load_run_info(run_dir)[0]
+    rows = rllog.read_metrics(run_dir).to_pylist()
+    assert sorted((r["key"], r["step"], r["value"]) for r in rows) == [
+        ("eval/loss", 2, 0.5),
+        ("loss", 0, 0.0),
+        ("loss", 1, 1.0),
+        ("loss", 2, 2.0),
+    ]
+    assert summarise(run_dir).series["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    tb = read_back("tensorboard", tracker_dirs, info).metrics
+    assert tb["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)] and tb["eval/loss"] == [(2, 0.5)]

@@ -936,3 +936,26 @@ def test_each_trial_of_a_hyperparameter_search_is_a_run_of_its_own(tiny_model, t
         info = load_run_info(run.run_dir)[0]
         assert info.name == f"trial-{n}" and info.config["trial/n"] == n
         assert [s for s, _ in metric_series(run.run_dir)["train/loss"]] == [1, 2]  # its own steps, not over another's
+
+
+def test_evaluate_after_finish_continues_the_run_and_hides_none_of_the_training(tiny_model, tmp_path):
+    """``finish()`` then ``evaluate()`` reopens the run; as a restart, its first record (``eval/...`` at the last
+    training step) hid that step's training rows from ``read_metrics``."""
+    from tiny_grpo import grpo_dataset
+
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet"], log_completions=False,
+        rllog_options={"run_dir": str(run_dir), "health": False},
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.rllog_run.finish().ok
+    trainer.evaluate(eval_dataset=grpo_dataset().select(range(2)))
+    assert trainer.rllog_run.finish().ok
+
+    def rows(attempts):
+        table = rllog.read_metrics(run_dir, attempts=attempts)
+        return sorted(zip(table.column("key").to_pylist(), table.column("step").to_pylist(), strict=True))
+
+    assert ("train/reward", 2) in rows("latest") and any(k.startswith("eval/") for k, _ in rows("latest"))
+    assert rows("latest") == rows("all")

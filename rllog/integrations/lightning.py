@@ -13,7 +13,8 @@ Example:
   flattened with ``/``, secrets redacted).
 - ``finalize(status)``: Lightning calls it at the end of every ``fit`` / ``validate`` / ``test``: ``"success"``
   finishes the run ``finished``, anything else (``"failed"``: an exception, Ctrl+C) ``failed``. A later stage on
-  the same logger (``trainer.test`` after ``fit``) resumes the same run (same run id and directory, a new attempt).
+  the same logger (``trainer.test`` after ``fit``) resumes the same run (same run id and directory, a new attempt
+  that continues it: ``resume="continue"``, nothing superseded).
 - ``logger.experiment`` is the :class:`rllog.Run` (``logger.experiment.log_table(...)`` logs a table).
 
 Only global rank 0 starts the run (Lightning's ``rank_zero_only``); metrics reach the logger already reduced.
@@ -71,7 +72,7 @@ class RLLogLogger(Logger):
                 report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **self.init_kwargs
             )
         elif self._run.finished and self._owns_run:
-            kwargs = {**self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id, "resume": "must"}
+            kwargs = {**self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id, "resume": "continue"}
             self._run = rllog.init(
                 report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **kwargs
             )

@@ -255,6 +255,9 @@ class RLLogCallback(TrainerCallback):
         self._training = False
         self._train_started: tuple[float, int] | None = None  # (monotonic time, global_step) when train() began
         self._asked_at_once = False  # this train() asked for a flush at once (END_FLUSH_AT_ONCE_SECONDS)
+        # The run about to be reopened is resumed from a checkpoint (a restart: what the earlier attempt logged from
+        # the resumed step on is superseded); otherwise a reopened run continues (evaluate() after finish()).
+        self._resuming_checkpoint = False
         if run is None:
             prepare_agent(self, report_to, init_kwargs)
 
@@ -332,16 +335,19 @@ class RLLogCallback(TrainerCallback):
         resume would have taken the whole resumed training, leaving the checkpoint's run unfinished.
         """
         saved = _saved_run(state)
-        if not saved or self.run is None or self._release is None or self.run.finished:
+        if not saved or self.run is None or self._release is None:
             return  # nothing open, or a run the user gave (theirs to manage)
-        self.run.finish("failed" if self._training else self._release.status)  # a train() that never ended failed
-        if saved.get("run_id") != self.run.run_id:  # another run (an evaluate()'s): it stays as it is
+        same = saved.get("run_id") == self.run.run_id
+        self._resuming_checkpoint = same  # start() opens it again: a new attempt, restarting at the checkpoint's step
+        if not self.run.finished:
+            self.run.finish("failed" if self._training else self._release.status)  # a train() that never ended failed
+        if not same:  # another run (an evaluate()'s): it stays as it is
             self.run, self._release = None, None  # so that start() takes the checkpoint's run, not this one
-        # else start() opens the same run again: a new attempt
 
     def _resume_kwargs(self, saved: dict | None, previous: Any) -> dict:
-        if previous is not None:
-            return {"run_dir": previous.run_dir, "resume": "allow"}
+        if previous is not None:  # this callback's run, finished: resumed from a checkpoint, or reopened as it was
+            restart, self._resuming_checkpoint = self._resuming_checkpoint, False
+            return {"run_dir": previous.run_dir, "resume": "allow" if restart else "continue"}
         if not saved or not saved.get("run_id"):
             return {}
         kwargs: dict[str, Any] = {"run_id": saved["run_id"], "resume": "allow"}
