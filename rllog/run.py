@@ -719,7 +719,7 @@ SIGTERM_FINISH_SECONDS = 30.0  # how long the SIGTERM handler waits for each run
 # microseconds), at most SIGTERM_RESENDS times; another thread holds it as briefly, so a lock still taken after
 # SIGTERM_LOCK_PROBE_SECONDS is the main thread's own.
 SIGTERM_RESEND_SECONDS = 0.01
-SIGTERM_RESENDS = 100
+SIGTERM_RESENDS = 1000  # ~10-20 s: long enough for another thread's scan of a big journal under _scan_lock
 SIGTERM_LOCK_PROBE_SECONDS = 0.005
 SIGTERM_JOIN_MARGIN_SECONDS = 5.0
 _handling_sigterm = False

@@ -28,7 +28,7 @@ INT64_MAX = 2**63 - 1  # every tracker stores steps as int64
 REDACTED = "***REDACTED***"
 # A table name's length once percent-encoded: the Parquet store names a directory after it, and file systems allow
 # 255 bytes for a name (a longer one failed the whole sink inside delivery: "File name too long").
-MAX_TABLE_NAME_ENCODED = 200
+MAX_TABLE_NAME_ENCODED = 255
 
 
 def check_step(step: Any) -> int:
@@ -639,7 +639,7 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
     flat: dict[str, Any] = {}
     for key, value in mapping.items():
         name = f"{prefix}{key}"
-        if (is_secret_key(str(key)) or is_secret_key(name)) and not _keeps_no_secret(value):  # openai/api/key
+        if is_secret_key(str(key)) and not _keeps_no_secret(value):
             flat[name] = REDACTED
         elif (fields := _nested_config(value)) is not None:
             flat.update(flatten_config(fields, name + "/", keep_lists))
@@ -661,14 +661,17 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
 
 
 def _nested_config(value: Any) -> Mapping | None:
-    """A config value's fields when it is a config of its own: a mapping, a dataclass, an ``argparse.Namespace``, a
-    pydantic model, an object with ``to_dict()``; else None. Lightning's ``save_hyperparameters()`` keeps a dataclass
-    argument as one; its MLflow and TensorBoard loggers flatten it into ``cfg/lr``, and so does rllog."""
-    if value is None or isinstance(value, (str, bytes, bytearray, bool, int, float, list, tuple, set, frozenset)):
-        return None
+    """A config value's fields when it is a config of its own: a mapping, a dataclass instance or an
+    ``argparse.Namespace`` (what Lightning's MLflow and TensorBoard loggers expand: ``cfg/lr``); else None, and the
+    value is kept as its text. A dataclass's fields are read as they are (``asdict`` would deep-copy them: a lock
+    field cannot be)."""
+    if isinstance(value, Mapping):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if type(value).__name__ == "Namespace" and hasattr(value, "__dict__"):
         return vars(value)
-    return _as_mapping(value)
+    return None
 
 
 def _is_json_scalar(value: Any) -> bool:

@@ -197,6 +197,7 @@ class ParquetSink:
     capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
     MAX_BUFFERED_ROWS = 100_000  # rows are appended early past this: memory stays bounded while catching up
     MAX_OPEN_TAILS = 16  # tail files kept open; a run logging many table names would hold one handle per name
+    MAX_OPEN_TAILS_IN_USE = 256  # ... but those written at the last flush stay open, up to this many
 
     def __init__(self, directory: str | None = None):
         self._option = directory
@@ -207,6 +208,7 @@ class ParquetSink:
         self._alerts: list[dict] = []
         self._stores: dict[Path, PartStore] = {}
         self._buffered_seq: dict[Path, int] = {}  # the highest seq buffered, per directory (kept until stored)
+        self._written_now: set[Path] = set()  # directories written since the last flush (their tails stay open)
 
     def open(self, run_info: RunInfo) -> None:
         if self._option:
@@ -328,13 +330,20 @@ class ParquetSink:
         store.append(table, seq=seq)
         store.commit()
         self._stores[store.directory] = self._stores.pop(store.directory)  # the stores in the order last written
+        self._written_now.add(store.directory)
 
     def _release_idle_tails(self) -> None:
         """Close the tails of the least recently written directories past :attr:`MAX_OPEN_TAILS`: each table name
         has a directory, and 200 names held 200 file handles until close (a process has a limit, often 1,024)."""
         open_tails = [store for store in self._stores.values() if store.holds_open_file]
-        for store in open_tails[: max(0, len(open_tails) - self.MAX_OPEN_TAILS)]:
+        idle = [store for store in open_tails if store.directory not in self._written_now]  # least recently first
+        busy = [store for store in open_tails if store.directory in self._written_now]
+        for store in idle[: max(0, len(open_tails) - self.MAX_OPEN_TAILS)]:
             store.release()
+        # tails written at this flush stay open (closed, each would be a new part at every flush), up to a hard cap
+        for store in busy[: max(0, len(busy) - self.MAX_OPEN_TAILS_IN_USE)]:
+            store.release()
+        self._written_now.clear()
 
     def close(self, status: str) -> None:
         self.flush()

@@ -260,15 +260,17 @@ def files_open_under(directory: Path) -> int:
 def test_many_table_names_keep_a_bounded_number_of_files_open(tmp_path):
     run = tmp_path / "run"
     sink = open_sink(run)
-    names = [f"eval/task_{i}" for i in range(200)]
-    for flush in range(2):
-        for i, name in enumerate(names):
-            sink.write_table(TableRecord(seq=1 + flush * 200 + i, step=flush, time=0.0, name=name, table=pa.table({"x": [i]})))
-        sink.write_metrics([MetricsRecord(seq=401 + flush, step=flush, time=0.0, values={"loss": float(flush)})])
+    names = [f"eval/task_{i}" for i in range(300)]
+    # the first flush writes 300 tables (at most MAX_OPEN_TAILS_IN_USE stay open), the second 10 of them (the
+    # tails of the others, idle, are closed down to MAX_OPEN_TAILS)
+    for flush, written in enumerate([names, names[:10]]):
+        for i, name in enumerate(written):
+            sink.write_table(TableRecord(seq=1 + flush * 300 + i, step=flush, time=0.0, name=name, table=pa.table({"x": [i]})))
+        sink.write_metrics([MetricsRecord(seq=601 + flush, step=flush, time=0.0, values={"loss": float(flush)})])
         sink.flush()
-        assert files_open_under(run) <= ParquetSink.MAX_OPEN_TAILS
+        assert files_open_under(run) <= [ParquetSink.MAX_OPEN_TAILS_IN_USE, ParquetSink.MAX_OPEN_TAILS][flush]
     sink.close("finished")
     assert files_open_under(run) == 0
     for i, name in enumerate(names):
-        assert read_table(run, name).column("x").to_pylist() == [i, i]
+        assert read_table(run, name).column("x").to_pylist() == ([i, i] if i < 10 else [i])
     assert read_metrics(run).column("value").to_pylist() == [0.0, 1.0]

@@ -53,6 +53,7 @@ class RLLogLogger(Logger):
         self._name = name
         self._run = run
         self._owns_run = run is None
+        self._finalized: str | None = None  # the status the last finalize() finished the run with
         self.init_kwargs = init_kwargs
 
     @property
@@ -72,7 +73,10 @@ class RLLogLogger(Logger):
                 report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **self.init_kwargs
             )
         elif self._run.finished and self._owns_run:
-            kwargs = {**self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id, "resume": "continue"}
+            # after a stage that ended well the run continues; after a failed one (a fit resumed from ckpt_path
+            # next) the attempt restarts at its first step, as a resume does
+            resume = "continue" if self._finalized == "finished" else "must"
+            kwargs = {**self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id, "resume": resume}
             self._run = rllog.init(
                 report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **kwargs
             )
@@ -91,4 +95,5 @@ class RLLogLogger(Logger):
     @rank_zero_only
     def finalize(self, status: str) -> None:
         if self._run is not None and self._owns_run and not self._run.finished:
-            self._run.finish(STATUS.get(status, "failed"))
+            self._finalized = STATUS.get(status, "failed")
+            self._run.finish(self._finalized)
