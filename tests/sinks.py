@@ -3,10 +3,16 @@ and the waits and faults the tests share."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from rllog.errors import RateLimited, TransientError
 from rllog.sink import Capabilities
@@ -102,6 +108,20 @@ def wait_until(predicate, timeout: float = 60.0) -> bool:
 
 
 __all__ = ["BlockingSink", "CrashingSink", "FlakySink", "MemorySink", "RateLimited", "TransientError", "wait_until"]
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    """A real filesystem (tmpfs, mount ``options`` such as ``size=4m``) at ``directory``, made here, that a test can
+    fill and free; unmounted after. Skips the test without root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
+    directory.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], check=True)
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 def fill(disk: Path) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from readers import read_back
-from sinks import BlockingSink, MemorySink, fill, wait_until
+from sinks import BlockingSink, MemorySink, fill, tmpfs, wait_until
 
 import rllog
 from rllog import journal
@@ -87,13 +87,8 @@ def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tm
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 4 MiB filesystem (tmpfs) that the test can fill and free."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "size=4m") as disk:
+        yield disk
 
 
 @pytest.mark.slow
@@ -639,14 +634,9 @@ def test_a_replaced_file_is_read_whole_by_a_reader_racing_the_writer(tmp_path, m
 def test_a_segment_rollover_refused_on_a_full_disk_keeps_the_old_segments_records(tmp_path, monkeypatch):
     """A disk with no inode left refuses the new segment's file while the old segment can still grow by a page.
     The writer forgot the old segment's size when the open failed; the retried write then landed partly in the old
-    segment and was cut back to ``0 + what landed``, destroying every record the segment held before (20 of 60
-    readable, the report saying nothing was lost)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16", "tmpfs", str(disk)], check=True)
-    try:
+    segment and was cut back to ``0 + what landed``, destroying every record the segment held before (201 of 300
+    lost, the report saying nothing was)."""
+    with tmpfs(tmp_path / "disk", "size=1m,nr_inodes=16") as disk:
         monkeypatch.setattr(journal, "SEGMENT_BYTES", 64 * 1024)
         writer = journal.JournalWriter(disk / "run", 0.01)
         seq = 0
@@ -685,8 +675,6 @@ def test_a_segment_rollover_refused_on_a_full_disk_keeps_the_old_segments_record
         assert writer.stats.unwritten == 0
         got = [r.seq for r in journal.read_all(disk / "run") if not isinstance(r, journal.End)]
         assert got == list(range(1, seq + 1))
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_resumed_run_after_its_delivered_last_frame_was_damaged_delivers_its_new_records(tmp_path):

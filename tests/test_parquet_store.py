@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from sinks import fill
+from sinks import fill, tmpfs
 
 from rllog.errors import TransientError
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
@@ -205,13 +205,8 @@ def test_a_tail_turned_into_a_part_between_a_readers_listing_and_its_open_is_rea
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 16 MiB filesystem (tmpfs) that the test can fill and free."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True)
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "size=16m") as disk:
+        yield disk
 
 
 @pytest.mark.parametrize("retry", ["same call", "one by one"])
