@@ -148,3 +148,17 @@ class AlertRecord:
     value: float
     message: str
     level: str = "warning"  # "warning" or "error"
+
+
+def restarting_attempts(attempts: Sequence[Mapping[str, Any]]) -> list[tuple[int, int | None]]:
+    """``(first_seq, end_seq)`` of each later attempt that restarts (run.json's ``attempts``; ``end_seq`` is the next
+    attempt's first seq, None for the last). An attempt marked ``continues`` (``resume="continue"``) carries on where
+    the run stopped and is left out: it supersedes nothing. Readers drop an earlier attempt's rows from the first
+    step a restarting attempt logged."""
+    ordered = sorted(attempts, key=lambda a: a["first_seq"])
+    firsts = [a["first_seq"] for a in ordered]
+    return [
+        (first, firsts[i + 1] if i + 1 < len(firsts) else None)
+        for i, first in enumerate(firsts)
+        if i > 0 and not ordered[i].get("continues")
+    ]

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from rllog.journal import End, read_all
-from rllog.records import AlertRecord, MetricsRecord, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, TableRecord, restarting_attempts
 from rllog.rundir import RunFile
 
 
@@ -36,15 +36,11 @@ def _latest_attempt(run_dir: str | os.PathLike, metrics: list[MetricsRecord]) ->
     """A resumed run as its latest attempt left it: an earlier attempt's records at or after the step a later one
     restarted from are left out (as ``rllog.read_metrics`` does)."""
     try:
-        attempts = sorted(RunFile.read(run_dir).attempts, key=lambda a: a["first_seq"])[1:]
+        ranges = restarting_attempts(RunFile.read(run_dir).attempts)
     except (FileNotFoundError, ValueError, TypeError, KeyError):
         return metrics
-    firsts = [a["first_seq"] for a in attempts]
     restarts = []
-    for i, first in enumerate(firsts):
-        if attempts[i].get("continues"):  # carries on from where the run stopped: supersedes nothing
-            continue
-        end = firsts[i + 1] if i + 1 < len(firsts) else None
+    for first, end in ranges:
         steps = [m.step for m in metrics if m.seq >= first and (end is None or m.seq < end)]
         if steps:
             restarts.append((first, min(steps)))

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rllog.errors import InvalidTable, TransientError
-from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, restarting_attempts
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
 from rllog_backends.parquet_store import PartStore
@@ -103,13 +103,8 @@ def store_dir(run_dir: str | os.PathLike) -> Path:
 
 def _attempt_starts(run_dir: Path, metrics: pa.Table) -> list[tuple[int, int]]:
     """``(first_seq, first_step)`` of every resumed attempt that logged metrics (attempt 2 on)."""
-    attempts = sorted(_run_file(run_dir).get("attempts", []), key=lambda a: a["first_seq"])[1:]
-    firsts = [a["first_seq"] for a in attempts]
     starts = []
-    for i, first in enumerate(firsts):
-        if attempts[i].get("continues"):  # carries on from where the run stopped: supersedes nothing
-            continue
-        end = firsts[i + 1] if i + 1 < len(firsts) else None
+    for first, end in restarting_attempts(_run_file(run_dir).get("attempts", [])):
         mask = pc.greater_equal(metrics.column("seq"), first)
         if end is not None:
             mask = pc.and_(mask, pc.less(metrics.column("seq"), end))
