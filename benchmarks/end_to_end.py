@@ -530,7 +530,8 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   With steps of seconds (a real model) the same per-step work is a few percent of a core. Delivery lag while training: about
   1.6 s at most (the journal's 50 ms, up to 0.5 s until the follower reads, then a flush within `flush_interval`) when the agent has a core; when training keeps every core busy it is at most ~30 s behind
   (`RLLOG_AGENT_LAG_MAX`: the agent then returns to normal priority, nice 10, until caught up), and every tracker is
-  caught up when `train()`/`evaluate()` return (the flush barrier) and at `finish`.
+  asked to flush at once as `train()`/`evaluate()` end (they do not wait: see "The end of `train()` without its
+  wait" below) and is caught up at `finish`.
 - **Counted, not timed** (2026-11-24, `benchmarks/instructions.py`: the fresh-process tiny GRPO under valgrind's
   callgrind at 10 and 30 steps; the difference is the per-step cost without start-up): the training thread executes
   the same number of instructions per step with the mixin and six sinks as with `report_to="none"` to within 1%
@@ -649,7 +650,15 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   where the six followers save their cursors: `Run.request_flush` took 0.11 ms of the training thread's CPU a call
   instead of 0.28 (each step of the last second asks). This benchmark at 5f3b2aa (rendered here): fresh `train()`
   1.09x at 60 steps (1.07-1.10, 7 rounds) and 1.06x at 240 (1.02-1.13); the wait at the end of `train()` 0.053 s,
-  about 3% of a 60-step `train()`; the median step 1.05x and 1.04x."""
+  about 3% of a 60-step `train()`; the median step 1.05x and 1.04x.
+- **The end of `train()` without its wait** (taken, 2026-11-25; docs/decisions.md "The end of train() does not
+  wait"): `train()` asks every tracker to flush at once and returns; `wait_for_trackers()`, `push_to_hub()` and
+  `finish` wait. 7 interleaved fresh 60-step rounds: `train()` 1.110x with the wait, 1.055x without (and 1.041x in a
+  second series); the end of `train()` 0.01 s against 0.04-0.06 s. The requests of the last second's steps went
+  with it. **wandb's service started in the standby agent** (taken, `wandb.setup()` while the trainer is built):
+  1.040x against 1.048x (7 rounds), the first steps no longer share the machine with wandb-core's start-up.
+- **Reading the journal every 2 s and the flush request every 50 ms** (measured, not taken, without the wait at the
+  end): 1.041x against 1.041x (7 rounds): fewer, larger bursts of the agent change nothing here."""
 
 
 def render_whole(results: dict) -> str:

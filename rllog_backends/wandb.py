@@ -315,6 +315,15 @@ class WandbSink:
     # imported by wandb.init and by the first logged table (a standby agent imports them ahead: rllog.prepare)
     prepare_imports = ("wandb.sdk.launch", "wandb.proto.wandb_internal_pb2", "pandas")
 
+    @classmethod
+    def prepare(cls) -> None:
+        """Start wandb's service (``wandb-core``) in the standby agent, while the trainer is built: ``wandb.init``
+        at the start of ``train()`` then takes ~0.25 s instead of ~0.45 (measured), and the service's start-up
+        is off the first training steps. It starts no run; the service ends with the agent."""
+        import wandb
+
+        wandb.setup()
+
     def __init__(
         self,
         project: str | None = None,

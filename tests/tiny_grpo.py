@@ -51,6 +51,7 @@ def make_grpo_trainer(
     report_to: Any,
     rllog_options: dict | None = None,
     *,
+    rllog_report_to: Any = None,
     mixin: bool = True,
     conversational: bool = False,
     eval_prompts: int = 0,
@@ -78,4 +79,4 @@ def make_grpo_trainer(
 
     # Named as TRL's class, as a user switching keeps it: TRL's profiling timings are named after the class.
     trainer_class = type("GRPOTrainer", (RLLogMixin, GRPOTrainer), {})
-    return trainer_class(**kwargs, rllog_options=rllog_options)
+    return trainer_class(**kwargs, rllog_options=rllog_options, rllog_report_to=rllog_report_to)

@@ -17,8 +17,9 @@ not a number (a string, a list) is not a metric and is skipped with a warning na
 
 Lifecycle: the run starts when training (or the first log of an evaluation) starts, on the global main
 process (the other processes get a :class:`rllog.NullRun`, so that ``rllog.log`` in a reward function works
-on every rank and writes nothing there); ``train()`` and ``evaluate()`` return only once every tracker holds what they logged
-(:meth:`rllog.Run.flush`); the run stays open for later ``evaluate()`` calls and is finished by
+on every rank and writes nothing there); ``train()`` and ``evaluate()`` do not wait for the trackers: as they
+end they ask every tracker to flush what they logged at once (:meth:`RLLogCallback.wait_for_trackers` waits for
+that); the run stays open for later ``evaluate()`` calls and is finished by
 :meth:`RLLogCallback.finish`, when the trainer is garbage-collected, or at interpreter exit. A trainer
 resumed from a checkpoint (``train(resume_from_checkpoint=...)``) continues the same rllog run and
 tracker runs, as a new attempt, whatever run the callback had open (in this process too, after a ``train()``
@@ -35,7 +36,6 @@ import queue
 import socket
 import sys
 import threading
-import time
 import weakref
 from datetime import datetime
 from typing import Any
@@ -62,14 +62,6 @@ PREFIXES = {"eval_": "eval/", "test_": "test/"}
 TRAIN_PREFIX = "train/"
 # The key, in TrainerState.stateful_callbacks (saved in every checkpoint's trainer_state.json), of the run to resume.
 STATE_KEY = "rllog"
-# Over the last this-many seconds of train() (estimated from the steps so far) every step asks the trackers to flush
-# what came before it: the agent reads the journal only every half second otherwise, so at the end of train() it
-# would still hold up to that much to deliver, and MLflow and trackio up to flush_interval of rows to commit.
-END_FLUSH_LEAD_SECONDS = 1.0
-# The first step that starts within the last this-many seconds (the last step at the latest) asks at once, not put
-# off by the followers' gap between asked flushes (ASKED_FLUSH_MIN_GAP): with short steps, MLflow's commit of the
-# steps since its previous flush is then done before the end of train(), not during its wait (docs/decisions.md).
-END_FLUSH_AT_ONCE_SECONDS = 0.1
 DEFAULT_PROJECT = "huggingface"  # TrainingArguments.project's default, and the wandb project transformers uses by default
 
 
@@ -225,7 +217,8 @@ class RLLogCallback(TrainerCallback):
         run: an existing :class:`rllog.Run` to log into (then it is yours to finish).
         train_prefix: put before training keys (default ``"train/"``, as transformers' wandb, TensorBoard,
             trackio and Comet callbacks do); ``""`` logs them bare.
-        flush_timeout: seconds the end of ``train()``/``evaluate()`` waits for the trackers (:meth:`rllog.Run.flush`).
+        flush_timeout: seconds :meth:`wait_for_trackers` (and the TRL mixin's ``push_to_hub``) waits for the
+            trackers (:meth:`rllog.Run.flush`).
         args_report_to: the ``report_to`` to record in the config instead of ``args.report_to`` (for an
             integration that rewrote ``args.report_to``).
         **init_kwargs: passed to :func:`rllog.init` (``project``, ``name``, ``run_dir``, ``backend_options``...);
@@ -253,8 +246,6 @@ class RLLogCallback(TrainerCallback):
         self._clock = _StepClock()
         self._release: _Release | None = None
         self._training = False
-        self._train_started: tuple[float, int] | None = None  # (monotonic time, global_step) when train() began
-        self._asked_at_once = False  # this train() asked for a flush at once (END_FLUSH_AT_ONCE_SECONDS)
         # The run about to be reopened is resumed from a checkpoint (a restart: what the earlier attempt logged from
         # the resumed step on is superseded); otherwise a reopened run continues (evaluate() after finish()).
         self._resuming_checkpoint = False
@@ -389,12 +380,28 @@ class RLLogCallback(TrainerCallback):
         }
         state.stateful_callbacks[STATE_KEY] = {"args": {}, "attributes": attributes}
 
-    def _flush(self) -> None:
-        if self.run is None or self.run.finished or not hasattr(self.run, "flush"):
-            return
-        report = self.run.flush(self.flush_timeout)
+    def wait_for_trackers(self, timeout: float | None = None) -> Any:
+        """Wait until every tracker holds every record logged so far (:meth:`rllog.Run.flush`, at most ``timeout``,
+        default ``flush_timeout``, seconds) and return the report; None without a run. ``train()`` and
+        ``evaluate()`` do not wait (they ask the trackers to flush at once as they end): call this before reading a
+        tracker's files in the same process.
+
+        Example:
+            >>> trainer.train()
+            >>> trainer.rllog_callback.wait_for_trackers()  # TensorBoard's files now hold the last step
+        """
+        if self.run is None or self.run.finished:
+            return None
+        report = self.run.flush(self.flush_timeout if timeout is None else timeout)
         if not report.ok:
             log.warning("rllog: not every tracker holds every record yet (flush timeout %ss):\n%s", self.flush_timeout, report)
+        return report
+
+    def _ask_for_flush(self) -> None:
+        """The end of ``train()``/``evaluate()``: the trackers flush every record logged so far at once, and the
+        trainer goes on without waiting for them (docs/decisions.md, "The end of train() does not wait")."""
+        if self.run is not None and not self.run.finished:
+            self.run.request_flush(at_once=True)
 
     def _set_outcome(self, status: str) -> None:
         if self._release is not None:
@@ -408,8 +415,6 @@ class RLLogCallback(TrainerCallback):
         self._clock.state = state
         self._clock.in_step = False  # a train() that raised left it set
         self._training = True
-        self._train_started = (time.monotonic(), state.global_step)
-        self._asked_at_once = False
         if state.is_world_process_zero:
             self.start(args, model, state)
         else:
@@ -422,33 +427,6 @@ class RLLogCallback(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._clock.in_step = True
-        if self.run is not None and not self.run.finished and self._near_the_end(state):
-            # The trackers flush what came before this step while it runs, so the flush at the end of train()
-            # waits for the last step's records only.
-            request = getattr(self.run, "request_flush", None)
-            if request is not None:
-                at_once = not self._asked_at_once and self._seconds_left(state) <= END_FLUSH_AT_ONCE_SECONDS
-                self._asked_at_once |= at_once
-                request(at_once=at_once)
-
-    def _near_the_end(self, state: Any) -> bool:
-        """The last step, or one of the steps of the last :data:`END_FLUSH_LEAD_SECONDS` of training."""
-        left = state.max_steps - state.global_step
-        if state.max_steps <= 0 or left <= 0:
-            return False
-        return self._seconds_left(state) <= END_FLUSH_LEAD_SECONDS
-
-    def _seconds_left(self, state: Any) -> float:
-        """The training time left, estimated from the steps done in this ``train()``: 0 at the last step, infinite
-        before any step is done."""
-        left = state.max_steps - state.global_step
-        if left <= 1:
-            return 0.0
-        if self._train_started is None:
-            return math.inf
-        started, first_step = self._train_started
-        done = state.global_step - first_step
-        return left * (time.monotonic() - started) / done if done > 0 else math.inf
 
     def on_step_end(self, args, state, control, **kwargs):
         self._clock.in_step = False
@@ -458,7 +436,7 @@ class RLLogCallback(TrainerCallback):
         self._clock.in_step = False
         self._set_outcome("finished")
         if state.is_world_process_zero:
-            self._flush()
+            self._ask_for_flush()
 
     def train_raised(self, status: str) -> None:
         """``train()`` raised: transformers calls no ``on_train_end`` then (its training loop has no ``finally``).
@@ -469,7 +447,7 @@ class RLLogCallback(TrainerCallback):
 
     def end_a_train_that_raised(self) -> None:
         """Outside ``train()``, end a ``train()`` that raised without :meth:`train_raised` (a plain Trainer's):
-        left as it was, ``_training`` made a later ``evaluate()`` skip its flush barrier, and the clock stayed in
+        left as it was, ``_training`` made a later ``evaluate()`` skip its flush request, and the clock stayed in
         the failed step, so a step-less ``rllog.log`` landed one step too high."""
         if (self._training or self._clock.in_step) and not _training_loop_running():
             self.train_raised("failed")
@@ -480,15 +458,15 @@ class RLLogCallback(TrainerCallback):
 
     def on_evaluate(self, args, state, control, **kwargs):
         self.end_a_train_that_raised()
-        if state.is_world_process_zero and not self._training:  # during training the end of train() flushes
-            self._flush()
+        if state.is_world_process_zero and not self._training:  # during training the end of train() asks
+            self._ask_for_flush()
 
     def on_predict(self, args, state, control, metrics=None, **kwargs):
         self.end_a_train_that_raised()
         if state.is_world_process_zero and metrics:
             self.on_log(args, state, control, logs=metrics, model=kwargs.get("model"))
             if not self._training:
-                self._flush()
+                self._ask_for_flush()
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not state.is_world_process_zero:

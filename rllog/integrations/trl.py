@@ -24,8 +24,10 @@ What changes:
   wandb/trackio-only table path does not run.
 - ``trl.extras.profiling``'s ``profiling/Time taken: ...`` timings, which TRL would write straight to
   wandb/mlflow/trackio, are logged through rllog, to every selected tracker, at the step being trained.
-- The run starts when ``train()`` or ``evaluate()`` starts, both return once every tracker holds what
-  they logged, and a trainer that is garbage-collected finishes its run. ``train(resume_from_checkpoint=...)``
+- The run starts when ``train()`` or ``evaluate()`` starts. Both return without waiting for the trackers: as
+  they end, the trackers are asked to flush what they logged at once (``trainer.rllog_callback.wait_for_trackers()``
+  waits for that; ``push_to_hub()`` does, so the TensorBoard files it uploads hold the last step). A trainer that
+  is garbage-collected finishes its run. ``train(resume_from_checkpoint=...)``
   continues the same run and tracker runs.
 """
 
@@ -245,6 +247,11 @@ class RLLogMixin(_TrainerBase):
             return super().evaluate(*args, **kwargs)
         finally:
             _profiling_callback.reset(token)
+
+    def push_to_hub(self, *args: Any, **kwargs: Any):
+        # TensorBoard writes under output_dir/runs, which the push uploads: its files must hold the last step
+        self.rllog_callback.wait_for_trackers()
+        return super().push_to_hub(*args, **kwargs)
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         table = self._rllog_completions() if self.accelerator.is_main_process else None
