@@ -18,12 +18,13 @@ failed and those records stay pending for ``rllog replay``.
 
 When a sink is flushed: at least every ``flush_interval`` while records flow, at the end of the journal,
 and as soon as its follower has delivered every record up to a seq the trainer asked for
-(:func:`request_flush`, written by ``Run.flush``: the end of ``train()``/``evaluate()``). A request the
-trainer does not wait for (``Run.request_flush``, ``soon=True``: each step of the last second of training)
-is honoured at most every :data:`ASKED_FLUSH_MIN_GAP`: one flush per step made MLflow's and trackio's
-fixed cost per transaction the agent's largest cost in that second (MLflow 20 ms of CPU per one-step flush
-against 7 ms per step in larger ones), and the agent fell behind just before the flush that ends
-``train()``. Not every time a follower catches up with the journal: with SQLite-backed trackers (MLflow,
+(:func:`request_flush`, written by ``Run.flush`` and by ``Run.request_flush(at_once=True)``: the end of
+``train()``/``evaluate()``, which does not wait). A request nobody waits for (``Run.request_flush()``,
+``soon=True``) is honoured at most every :data:`ASKED_FLUSH_MIN_GAP`: when the HF integration asked so at
+every step of the last second of training, one flush per step made MLflow's and trackio's fixed cost per
+transaction the agent's largest cost in that second (MLflow 20 ms of CPU per one-step flush against 7 ms per
+step in larger ones). ``Run.request_flush`` writes the request before the journal holds its records: a
+follower that read too early looks again every :data:`POLL_INTERVAL` for :data:`ASKED_RECORDS_PATIENCE`. Not every time a follower catches up with the journal: with SQLite-backed trackers (MLflow,
 trackio) a flush is a transaction with several ``fdatasync``s, and one per step (measured: 340 commits in a
 60-step GRPO run) slowed the training process on the other core.
 
@@ -42,6 +43,7 @@ import collections
 import errno
 import json
 import logging
+import math
 import os
 import random
 import threading
@@ -81,6 +83,10 @@ POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal 
 LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see live_poll_interval)
 FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look, measured)
 ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
+# For this long after it sees a flush request for records the journal does not hold yet (Run.request_flush writes
+# the request before the journal writer writes them), a caught-up follower reads again every POLL_INTERVAL, not
+# every poll_interval; bounded, as a killed attempt's request may name records that never come.
+ASKED_RECORDS_PATIENCE = 1.0
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
@@ -188,13 +194,14 @@ WAITED = "wait"
 def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> None:
     """Ask every follower of the run to flush its sink as soon as it has delivered the records up to ``seq``.
 
-    ``soon``: nobody waits for this flush (``Run.request_flush``); a follower may put it off for up to
-    :data:`ASKED_FLUSH_MIN_GAP` after its previous flush. Without it (``Run.flush``), the trainer waits.
+    ``soon``: nobody waits for this flush (``Run.request_flush()``); a follower may put it off for up to
+    :data:`ASKED_FLUSH_MIN_GAP` after its previous flush. Without it (``Run.flush``, and
+    ``Run.request_flush(at_once=True)`` at the end of ``train()``), it is made at once.
 
     The request is one line, ``<seq> <soon|wait> <nonce> <crc32>``, every field fixed-width, written over the
     previous one in place: an ``open`` and a ``write``, with no new file to create, rename and delete in the run's
     directory (that cost 0.2-0.4 ms of the training thread's CPU a call while the agent worked in the same
-    directory; the last second of ``train()`` asks at every step). The nonce makes every request new to a reader;
+    directory, when the last second of ``train()`` asked at every step). The nonce makes every request new to a reader;
     the checksum lets a reader that raced the write see it as not written yet (:func:`read_flush_request`).
     """
     body = f"{int(seq):020d} {SOON if soon else WAITED} {time.monotonic_ns() % 10**20:020d}"
@@ -247,6 +254,7 @@ class FlushRequest:
         self._seen: bytes | None = None
         self.seq = 0
         self.waited_seq = 0
+        self.noticed_at = -math.inf  # monotonic time the latest request was first read
 
     def replaced(self) -> bool:
         """Whether a request was written since the last look (the seq read then)."""
@@ -255,6 +263,7 @@ class FlushRequest:
             return False
         self._seen, seq, soon = request
         self.seq = seq
+        self.noticed_at = time.monotonic()
         if not soon:
             self.waited_seq = seq
         return True
@@ -479,9 +488,14 @@ class Follower:
         return self.seq < seq <= self._delivered_seq
 
     def _wait_before_reading(self, last_flush: float) -> float:
-        """How long a caught-up follower waits before it reads again: ``poll_interval``, or until a flush it put
-        off (asked for records it holds unflushed) is due."""
-        if not (self._dirty and self._holds_unflushed(self._flush_request.seq)):
+        """How long a caught-up follower waits before it reads again: ``poll_interval``; :data:`POLL_INTERVAL` while
+        a flush was just asked for records not in the journal yet (:data:`ASKED_RECORDS_PATIENCE`); or until a
+        flush it put off (asked for records it holds unflushed) is due."""
+        request = self._flush_request
+        request.replaced()
+        if request.waited_seq > self._delivered_seq and time.monotonic() - request.noticed_at < ASKED_RECORDS_PATIENCE:
+            return min(self.poll_interval, POLL_INTERVAL)
+        if not (self._dirty and self._holds_unflushed(request.seq)):
             return self.poll_interval
         return min(self.poll_interval, max(0.0, last_flush + ASKED_FLUSH_MIN_GAP - time.monotonic()))
 

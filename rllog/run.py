@@ -467,14 +467,14 @@ class Run(RunBase):
 
     def request_flush(self, at_once: bool = False) -> None:
         """Ask every sink to flush what was logged so far soon, without waiting: a later :meth:`flush` then waits
-        for less. The Hugging Face integration asks as each step of the last second of training starts, so the end
-        of ``train()`` waits for the last steps' records only. A sink is flushed at most every
-        :data:`rllog.delivery.ASKED_FLUSH_MIN_GAP` for these requests (a flush per step cost the agent more than it
-        saved), unless ``at_once``; its follower reads the journal at once.
+        for less. The Hugging Face integration asks ``at_once`` as ``train()`` and ``evaluate()`` end, and returns.
+        A sink is flushed at most every :data:`rllog.delivery.ASKED_FLUSH_MIN_GAP` for these requests (a flush per
+        step cost the agent more than it saved), unless ``at_once``; its follower reads the journal at once, and
+        again every :data:`rllog.delivery.POLL_INTERVAL` until the records land.
 
         The journal writer is woken last: woken first, it took the GIL from the training thread while this call
         wrote the request (1-5 ms a call in a 60-step GRPO run, against 0.5 ms now). The agent looks at the request
-        every 10 ms, by when the writer has handed the records to the OS."""
+        every 10 ms."""
         with self._lock:
             self._check_open()
             target = self._seq

@@ -222,6 +222,25 @@ def _own_service() -> None:
         del os.environ["WANDB_SERVICE"]
 
 
+_set_up_early = False  # wandb.setup() ran in prepare(), with the variables the standby agent started with
+
+
+def _set_up_again_if_the_variables_changed() -> None:
+    """The trainer's ``WANDB_*`` variables (given to the agent when the run starts) differ from those wandb read in
+    :meth:`WandbSink.prepare` (e.g. ``WANDB_MODE=offline`` set after the trainer was built): wandb would ignore them
+    with a warning, so end that wandb setup and its service; ``wandb.init`` starts new ones that read them. Only a
+    setup this module made early: in the trainer's own process the user's wandb is left alone."""
+    global _set_up_early
+    if not _set_up_early:
+        return
+    _set_up_early = False
+    import wandb
+    from wandb.sdk import wandb_setup
+
+    if wandb_setup.singleton().did_environment_change():
+        wandb.teardown()
+
+
 def _skip_temporary_fsync() -> None:
     """wandb writes each logged table's JSON to a file of a temporary directory and ``fsync``s it, then copies it to
     its staging area (no ``fsync``) and deletes it: the sync protects nothing and costs a disk flush per table, which
@@ -319,10 +338,14 @@ class WandbSink:
     def prepare(cls) -> None:
         """Start wandb's service (``wandb-core``) in the standby agent, while the trainer is built: ``wandb.init``
         at the start of ``train()`` then takes ~0.25 s instead of ~0.45 (measured), and the service's start-up
-        is off the first training steps. It starts no run; the service ends with the agent."""
+        is off the first training steps. It starts no run; the service ends with the agent. wandb reads its
+        ``WANDB_*`` variables here, once: :meth:`open` starts wandb afresh if the trainer's differ by then."""
+        global _set_up_early
         import wandb
 
+        _own_service()  # not a service the training script's own wandb started (its WANDB_SERVICE)
         wandb.setup()
+        _set_up_early = True
 
     def __init__(
         self,
@@ -372,6 +395,7 @@ class WandbSink:
 
             _skip_temporary_fsync()
             _own_service()
+            _set_up_again_if_the_variables_changed()
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
             remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)
             identity = self.identity(run_info, remembered)

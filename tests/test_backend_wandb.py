@@ -612,3 +612,41 @@ def test_the_run_describes_the_trainer_not_the_delivery_process(tracker_dirs, tm
     control.open(info(tmp_path, run_id="control01"))
     control.close("finished")
     assert [kind for kind, _ in raw(tracker_dirs, info(tmp_path, run_id="control01")) if kind == "stats"]
+
+
+def _wandb_cores(pid: int) -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process(pid).children(recursive=True) if "wandb-core" in " ".join(p.cmdline())}
+
+
+@pytest.mark.parametrize("late_notes", [None, "set after the trainer was built"])
+def test_the_standby_agent_starts_wandbs_service_and_a_variable_set_later_still_reaches_the_run(
+    tracker_dirs, tmp_path, monkeypatch, late_notes
+):
+    """The standby agent (started while a trainer is built) starts wandb's service; the run's ``wandb.init`` uses
+    it. wandb reads its variables once, at that setup: one the trainer sets later (here ``WANDB_NOTES``; as well
+    ``WANDB_MODE``, an API key) would be ignored, so the sink then sets wandb up afresh, with a new service."""
+    from sinks import wait_until
+
+    import rllog
+    from rllog import agent
+
+    agent.discard_standby()
+    assert rllog.prepare(["wandb"])
+    standby = agent.waiting_standby()
+    assert wait_until(lambda: _wandb_cores(standby.proc.pid), timeout=60)
+    (early,) = _wandb_cores(standby.proc.pid)
+    if late_notes:
+        monkeypatch.setenv("WANDB_NOTES", late_notes)
+    run = rllog.init(report_to=["wandb"], run_dir=tmp_path / "run", health=False)
+    assert run._agent.pid == standby.proc.pid
+    run.log({"x": 1.0}, step=1)
+    assert run.flush(timeout=60).ok
+    cores = _wandb_cores(run._agent.pid)
+    assert cores == ({early} if late_notes is None else cores - {early}) and cores
+    assert run.finish().ok
+    (path,) = reader.run_files(tracker_dirs["WANDB_DIR"], reader.run_id_of(run.info))
+    (notes,) = [msg.notes for kind, msg in reader.iter_records(path) if kind == "run"][:1]
+    assert notes == (late_notes or "")
+    assert reader.read_back(tracker_dirs, run.info).metrics["x"] == [(1, 1.0)]

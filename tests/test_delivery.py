@@ -182,6 +182,30 @@ def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush
     assert follower.join(30) and sink.closed_with == "finished"
 
 
+def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_land(tmp_path):
+    """``Run.request_flush`` writes the request before the journal writer writes the records it names (the end of
+    ``train()`` asks so, and returns). A follower woken by it that read the journal before they landed waited its
+    whole ``poll_interval`` (0.5 s live; here an hour) before it looked again: it now looks every ``POLL_INTERVAL``
+    for a while (``ASKED_RECORDS_PATIENCE``)."""
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600, delivery="thread", health=False)
+    sink = MemorySink("watched")
+    follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
+    waited_since = follower.caught_up_at
+    follower.start()
+    FlushWatcher(tmp_path / "r", [follower]).start()
+    assert wait_until(lambda: follower.caught_up_at > waited_since, timeout=30)
+    read_before = follower.caught_up_at
+    request_flush(tmp_path / "r", 30)  # the request first...
+    assert wait_until(lambda: follower.caught_up_at > read_before, timeout=30)  # woken, read nothing new
+    for step in range(30):  # ...then the records
+        run.log({"reward": step / 10}, step=step)
+    run._writer.wake()
+    assert wait_until(lambda: sink.flushes == 1, timeout=10) and sink.seqs == list(range(1, 31))
+    assert wait_until(lambda: CursorStore(tmp_path / "r", "watched").load().seq == 30, timeout=10)
+    assert run.finish(timeout=60).ok
+    assert follower.join(30) and sink.closed_with == "finished"
+
+
 def test_a_flush_request_left_by_a_killed_attempt_for_records_never_journaled_does_not_stall_the_resumed_run(tmp_path):
     """A trainer killed between writing a flush request and journaling the records it names leaves a request for a
     seq the journal never got; the resumed run numbers its records below it. The followers read the latest request,

@@ -402,6 +402,36 @@ def test_rloo_with_mixin(tiny_model, tmp_path):
     assert sorted(set(table.column("_step").to_pylist())) == [1, 2] and "n_chars" in table.column_names
 
 
+def test_push_to_hub_waits_for_the_trackers_first(tiny_model, tmp_path, monkeypatch):
+    """train() does not wait for the trackers; the mixin's push_to_hub does, before transformers' push uploads
+    output_dir (where TensorBoard writes): a tracker stuck until 0.5 s after the call holds every record when the
+    upload starts. The upload itself is replaced (no network here)."""
+    import threading
+
+    import transformers
+    from sinks import BlockingSink
+
+    stuck = BlockingSink("stuck")
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=2, report_to=["parquet"], rllog_report_to=["parquet", stuck],
+        rllog_options={"run_dir": str(tmp_path / "run"), "health": False},
+    )  # fmt: skip
+    held_at_upload: list[list[int]] = []
+
+    def upload(self, *args, **kwargs):
+        held_at_upload.append([r.seq for r in stuck.metrics + stuck.tables])
+
+    monkeypatch.setattr(transformers.Trainer, "push_to_hub", upload)
+    trainer.train()
+    journaled = trainer.rllog_run._seq
+    assert stuck.metrics == []
+    threading.Timer(0.5, stuck.release.set).start()
+    trainer.push_to_hub(commit_message="done")
+    assert len(held_at_upload) == 1 and max(held_at_upload[0]) == journaled
+    assert sorted(held_at_upload[0]) == sorted(r.seq for r in stuck.metrics + stuck.tables)
+    assert trainer.rllog_run.finish().ok
+
+
 def test_every_tracker_holds_every_step_once_waited_for_after_train_and_evaluate(tiny_model, tmp_path, tracker_dirs, monkeypatch):
     """``wait_for_trackers()`` after train() and evaluate(), read from the trackers' own files before the run is
     finished; and where they are."""

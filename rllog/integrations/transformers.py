@@ -392,9 +392,10 @@ class RLLogCallback(TrainerCallback):
         """
         if self.run is None or self.run.finished:
             return None
-        report = self.run.flush(self.flush_timeout if timeout is None else timeout)
+        timeout = self.flush_timeout if timeout is None else timeout
+        report = self.run.flush(timeout)
         if not report.ok:
-            log.warning("rllog: not every tracker holds every record yet (flush timeout %ss):\n%s", self.flush_timeout, report)
+            log.warning("rllog: not every tracker holds every record yet (flush timeout %ss):\n%s", timeout, report)
         return report
 
     def _ask_for_flush(self) -> None:
