@@ -326,7 +326,7 @@ def whole_ratios(whole: dict, key: str = "c0", measure: str = "train_s") -> dict
     return out
 
 
-FRESH_ROUNDS = 7  # a fresh 60-step training takes ~3 s; the machine's own swings between rounds reach 30%
+FRESH_ROUNDS = 9  # a fresh 60-step training takes ~2 s; single rounds swing +-5% (7 rounds until 2026-11-25)
 FRESH = {
     "a": {"mode": "none"},
     "c0p": {"mode": "rllog", "delivery": "process", "warm": False, "prepare": True},
@@ -658,7 +658,14 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
   with it. **wandb's service started in the standby agent** (taken, `wandb.setup()` while the trainer is built):
   1.040x against 1.048x (7 rounds), the first steps no longer share the machine with wandb-core's start-up.
 - **Reading the journal every 2 s and the flush request every 50 ms** (measured, not taken, without the wait at the
-  end): 1.041x against 1.041x (7 rounds): fewer, larger bursts of the agent change nothing here."""
+  end): 1.041x against 1.041x (7 rounds): fewer, larger bursts of the agent change nothing here.
+- **Where the rest is, by tracker** (measured 2026-11-25, no wait at the end, 5 interleaved fresh 240-step rounds):
+  `train()` with the five trackers + parquet 1.041x, parquet alone 1.042x, the five without wandb 1.035x, parquet +
+  wandb 1.052x: the trackers' work no longer shows above the rounds' spread. The training thread blocks ~200 times
+  in a 240-step `train()` (2 with `report_to="none"`), mostly when the journal writer (every 50 ms) and the agent
+  watcher (every 0.2 s) take the GIL. **Writing the journal every 0.25 s and watching the agent every 0.5 s**
+  (measured, not taken): ~80 blocks, `train()` 1.042x against 1.034x (5 rounds each): no gain, and a killed
+  trainer would lose up to 0.25 s of records instead of 50 ms."""
 
 
 def render_whole(results: dict) -> str:
