@@ -254,7 +254,7 @@ class FlushRequest:
         self._seen: bytes | None = None
         self.seq = 0
         self.waited_seq = 0
-        self.noticed_at = -math.inf  # monotonic time the latest request was first read
+        self.noticed_at = -math.inf  # monotonic time the latest request that is waited for was first read
 
     def replaced(self) -> bool:
         """Whether a request was written since the last look (the seq read then)."""
@@ -263,9 +263,9 @@ class FlushRequest:
             return False
         self._seen, seq, soon = request
         self.seq = seq
-        self.noticed_at = time.monotonic()
         if not soon:
             self.waited_seq = seq
+            self.noticed_at = time.monotonic()
         return True
 
 
@@ -386,6 +386,7 @@ class Follower:
                 time.sleep(0.2)
         self.saved = self.cursor.load()  # the other deliverer may have moved it
         self.seq, self.ahead, self.status = self.saved.seq, set(self.saved.ahead), self.saved.status
+        self._delivered_seq = self.seq
         self._damage = Damage(**self.saved.damage)
         self.thread = threading.Thread(target=self.run, name=f"rllog-follower-{self.name}", daemon=True)
         self.thread.start()

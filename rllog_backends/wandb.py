@@ -223,6 +223,7 @@ def _own_service() -> None:
 
 
 _set_up_early = False  # wandb.setup() ran in prepare(), with the variables the standby agent started with
+_set_up_lock = threading.Lock()
 
 
 def _set_up_again_if_the_variables_changed() -> None:
@@ -231,14 +232,19 @@ def _set_up_again_if_the_variables_changed() -> None:
     with a warning, so end that wandb setup and its service; ``wandb.init`` starts new ones that read them. Only a
     setup this module made early: in the trainer's own process the user's wandb is left alone."""
     global _set_up_early
-    if not _set_up_early:
-        return
-    _set_up_early = False
-    import wandb
-    from wandb.sdk import wandb_setup
+    with _set_up_lock:
+        if not _set_up_early:
+            return
+        _set_up_early = False
+        import wandb
 
-    if wandb_setup.singleton().did_environment_change():
-        wandb.teardown()
+        try:
+            from wandb.sdk import wandb_setup
+
+            if wandb_setup.singleton().did_environment_change():
+                wandb.teardown()
+        except BaseException as exc:  # an optimisation's undoing: never a reason not to open the run
+            log.warning("rllog: could not restart wandb's early setup (%r); opening the run with it", exc)
 
 
 def _skip_temporary_fsync() -> None:

@@ -617,7 +617,14 @@ def test_the_run_describes_the_trainer_not_the_delivery_process(tracker_dirs, tm
 def _wandb_cores(pid: int) -> set[int]:
     import psutil
 
-    return {p.pid for p in psutil.Process(pid).children(recursive=True) if "wandb-core" in " ".join(p.cmdline())}
+    cores = set()
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "wandb-core" in " ".join(child.cmdline()):
+                cores.add(child.pid)
+        except psutil.Error:  # exited meanwhile (the early service, torn down)
+            pass
+    return cores
 
 
 @pytest.mark.parametrize("late_notes", [None, "set after the trainer was built"])

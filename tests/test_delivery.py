@@ -182,11 +182,12 @@ def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush
     assert follower.join(30) and sink.closed_with == "finished"
 
 
-def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_land(tmp_path):
+def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_land(tmp_path, monkeypatch):
     """``Run.request_flush`` writes the request before the journal writer writes the records it names (the end of
     ``train()`` asks so, and returns). A follower woken by it that read the journal before they landed waited its
     whole ``poll_interval`` (0.5 s live; here an hour) before it looked again: it now looks every ``POLL_INTERVAL``
-    for a while (``ASKED_RECORDS_PATIENCE``)."""
+    for a while (``ASKED_RECORDS_PATIENCE``, lengthened here: the records land when this test's thread runs)."""
+    monkeypatch.setattr(rllog.delivery, "ASKED_RECORDS_PATIENCE", 60.0)
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600, delivery="thread", health=False)
     sink = MemorySink("watched")
     follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
