@@ -43,7 +43,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 import rllog
-from rllog.errors import InvalidValue
+from rllog.errors import InvalidValue, RunFinished
 from rllog.values import flatten, to_scalar
 
 log = logging.getLogger("rllog.integrations")
@@ -401,8 +401,12 @@ class RLLogCallback(TrainerCallback):
     def _ask_for_flush(self) -> None:
         """The end of ``train()``/``evaluate()``: the trackers flush every record logged so far at once, and the
         trainer goes on without waiting for them (docs/decisions.md, "The end of train() does not wait")."""
-        if self.run is not None and not self.run.finished:
+        if self.run is None or self.run.finished:
+            return
+        try:
             self.run.request_flush(at_once=True)
+        except RunFinished:  # being finished on another thread (a SIGTERM): that finish flushes everything
+            pass
 
     def _set_outcome(self, status: str) -> None:
         if self._release is not None:
