@@ -31,6 +31,14 @@ REDACTED = "***REDACTED***"
 MAX_TABLE_NAME_ENCODED = 255
 
 
+def table_dir_name(name: str) -> str:
+    """A table name as a directory name (the Parquet store's), one-to-one: percent-encoding of everything but
+    letters, digits and ``_.-~`` (and of a leading dot). Here, so that the length checked at ``log_table``
+    (:data:`MAX_TABLE_NAME_ENCODED`) is the length of the directory the store makes."""
+    encoded = urllib.parse.quote(name, safe="")
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
+
+
 def check_step(step: Any) -> int:
     """``step`` as a Python int.
 
@@ -206,7 +214,7 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidKey(f"table names must be non-empty strings, got {name!r}")
-    if len(urllib.parse.quote(name, safe="")) > MAX_TABLE_NAME_ENCODED:
+    if len(table_dir_name(name)) > MAX_TABLE_NAME_ENCODED:
         raise InvalidKey(
             f"table name {name[:40]!r}... is too long: at most {MAX_TABLE_NAME_ENCODED} characters once percent-encoded "
             "(the Parquet store names a directory after it; non-ASCII characters take 6-12)"

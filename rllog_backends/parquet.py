@@ -43,6 +43,7 @@ from rllog.errors import InvalidTable, TransientError
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, restarting_attempts
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
+from rllog.values import table_dir_name
 from rllog_backends.parquet_store import PartStore
 
 METRICS_SCHEMA = pa.schema(
@@ -62,13 +63,6 @@ ALERTS_SCHEMA = pa.schema(
 )
 DEFAULT_DIRECTORY = "parquet"
 META_FILE = "meta.json"
-
-
-def table_dir_name(name: str) -> str:
-    """A table name as a directory name, one-to-one: percent-encoding of everything but letters, digits and ``_.-~``
-    (and of a leading dot)."""
-    encoded = urllib.parse.quote(name, safe="")
-    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
 
 
 def table_name(dir_name: str) -> str:

@@ -342,6 +342,8 @@ def test_a_table_name_too_long_for_a_directory_is_refused_at_the_call_and_the_ru
             run.log_table("long name " + "x" * 300, {"a": [1]})
         with pytest.raises(InvalidKey, match="too long"):
             run.log_table("表" * 30, {"a": [1]})  # 30 characters, 270 once percent-encoded
+        with pytest.raises(InvalidKey, match="too long"):
+            run.log_table("." + "x" * 254, {"a": [1]})  # 255 percent-encoded, but a leading dot's directory: 257
         run.log_table("表" * 20, {"a": [2]}, step=0)
         run.log({"x": 1.0}, step=0)
     assert rllog.read_table(tmp_path / "r", "表" * 20).column("a").to_pylist() == [2]
