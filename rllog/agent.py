@@ -193,7 +193,18 @@ class AgentProcess:
     def _done(self) -> bool:
         """The agent exited and will not be restarted: it finished its work, or its sinks failed."""
         proc = self.proc
-        return proc is not None and proc.poll() is not None and proc.returncode in (0, EXIT_SINKS_FAILED)
+        if proc is None or proc.poll() is None or proc.returncode not in (0, EXIT_SINKS_FAILED):
+            return False
+        if proc.returncode == EXIT_SINKS_FAILED and self.cause is None:  # finish may look before the watcher does
+            self.cause = self._sinks_failed_cause()
+        return True
+
+    def _sinks_failed_cause(self) -> str:
+        last = _last_line(self.run_dir / AGENT_LOG)
+        return (
+            f"every sink ended and some failed (agent exit code {EXIT_SINKS_FAILED}); see the sinks' errors"
+            f"{' and the agent log: ' + last if last else ''}"
+        )
 
     def _spawn(self) -> None:
         standby = take_standby(self.sink_names, self.system_interval) if self.restarts == 0 else None
@@ -266,7 +277,7 @@ class AgentProcess:
             last = _last_line(self.run_dir / AGENT_LOG)
             self.exits.append((code, last))
             if code == EXIT_SINKS_FAILED:
-                self.cause = f"every sink ended and some failed (agent exit code {code}); see the sinks' errors"
+                self.cause = self._sinks_failed_cause()
                 self._check_sinks()
                 return
             wait = self.budget.wait_before_restart(time.monotonic() - self._started_at)
@@ -691,9 +702,13 @@ def serve(
         FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
         PriorityGovernor(followers, os.environ.get(PRIORITY_ENV, "idle"), parent_pid).start()
     orphaned_at = None
+    ended: set[str] = set()
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:
             f.join(0.2)
+            if f.name not in ended and f.join(0):  # its cursor must say how it ended, now, while others go on
+                ended.add(f.name)
+                f.settle()
         if heap is not None and not heap.frozen:
             heap.freeze_once(opened=all(f.sink is not None or not (f.thread and f.thread.is_alive()) for f in followers))
         if parent_gone():
@@ -701,6 +716,9 @@ def serve(
             if time.monotonic() - orphaned_at > orphan_timeout:
                 log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
                 return len([f for f in followers if f.state != SinkState.CLOSED])
+    for f in followers:
+        if f.name not in ended:
+            f.settle()
     return len([f for f in followers if f.state != SinkState.CLOSED])
 
 

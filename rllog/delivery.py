@@ -34,12 +34,25 @@ default), so each sink takes half a second of steps in one call rather than one 
 five trackers: 20-22 ms of the agent's CPU per training step instead of 25-31 at 0.05 s); a flush request
 wakes them at once (:meth:`Follower.wake`, :class:`FlushWatcher`), so ``Run.flush`` waits no longer than before.
 
+What the machine runs out of is waited for, never blamed on a record or a sink: a ``MemoryError``, or an
+``OSError`` in :data:`rllog.sink_errors.RESOURCE_ERRNOS` (no descriptor, no memory, a full disk), raised by a
+sink call or while reading the journal, is retried like a :class:`rllog.errors.TransientError`, backing off
+to at most :data:`LOCAL_RETRY_CAP` (the resource is on this machine: another thread closing a file or freeing
+memory brings it back, and no remote service needs sparing). A cursor save that meets one waits for it.
+
+How much one read takes: at most :data:`BATCH_RECORDS` records and :data:`BATCH_BYTES` of their payloads
+(a record larger than that alone), so the agent's memory is bounded by bytes whatever the width of a
+record; a sink is flushed once :data:`FLUSH_DUE_RECORDS` records or :data:`FLUSH_DUE_BYTES` were delivered
+since its last flush, whatever the time, so a backlog read at full speed reaches the sink's storage in
+bounded pieces.
+
 A file lock (``RUN_DIR/delivery/<sink>.lock``) makes sure two deliverers never serve one sink of one run.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import json
 import logging
@@ -49,7 +62,7 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -62,6 +75,7 @@ from rllog.files import replace_file
 from rllog.journal import Damage, End, JournalReader
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import MetricSink
+from rllog.sink_errors import is_resource_exhausted
 
 log = logging.getLogger("rllog.delivery")
 
@@ -87,6 +101,18 @@ ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon
 # the request before the journal writer writes them), a caught-up follower reads again every POLL_INTERVAL, not
 # every poll_interval; bounded, as a killed attempt's request may name records that never come.
 ASKED_RECORDS_PATIENCE = 1.0
+# One read of the journal: at most this many records, and this many payload bytes (a larger record alone). A
+# metrics record of 10,000 keys is ~250 KB of JSON and ~2 MB once decoded: bytes, not records, bound the memory.
+BATCH_RECORDS = 1000
+BATCH_BYTES = 4 * 1024 * 1024
+# A sink is flushed once this much was delivered to it since its last flush, whatever the time: a backlog read at
+# full speed is stored in bounded pieces (one append the disk can take), not in one append per flush_interval.
+FLUSH_DUE_RECORDS = 5000
+FLUSH_DUE_BYTES = 8 * 1024 * 1024
+# The longest backoff after this machine ran out of something (memory, descriptors, disk space): it comes back
+# when a thread here frees it, within seconds, and no remote service needs sparing.
+LOCAL_RETRY_CAP = 2.0
+CURSOR_SAVE_RETRY = 0.5  # the wait between attempts to save a cursor the disk or the process has no room for
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
@@ -112,9 +138,8 @@ class RetryPolicy:
         """Seconds to wait before retry number ``attempt`` (0-based) after ``error``."""
         if isinstance(error, RateLimited) and error.retry_after is not None:
             return error.retry_after
-        return self.random() * min(
-            self.cap, self.base * 2.0 ** min(attempt, 64)
-        )  # 2**attempt overflows a float past ~1000 attempts
+        cap = min(self.cap, LOCAL_RETRY_CAP) if is_resource_exhausted(error) else self.cap
+        return self.random() * min(cap, self.base * 2.0 ** min(attempt, 64))  # 2**attempt overflows a float past ~1000 attempts
 
     def as_dict(self) -> dict[str, Any]:
         return {"base": self.base, "cap": self.cap, "give_up_after": self.give_up_after}
@@ -331,7 +356,8 @@ class Follower:
         writer_gone: Callable[[], bool] = lambda: False,
         attempt_starts: Callable[[], tuple[int, ...]] | None = None,
         flush_interval: float = 1.0,
-        batch_size: int = 1000,
+        batch_size: int = BATCH_RECORDS,
+        batch_bytes: int = BATCH_BYTES,
         poll_interval: float = POLL_INTERVAL,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] | None = None,
@@ -346,6 +372,7 @@ class Follower:
         self.attempt_starts = attempt_starts
         self.flush_interval = flush_interval
         self.batch_size = batch_size
+        self.batch_bytes = batch_bytes
         self.poll_interval = poll_interval
         self.retry = retry or RetryPolicy()
         self._stop = threading.Event()
@@ -370,6 +397,9 @@ class Follower:
         self._in_flight: set[int] = set()  # accepted by a sink that buffers, waiting for its flush
         self._suspects: list[tuple[Any, str]] = []  # records rejected since the sink last succeeded
         self._damage = Damage(**self.saved.damage)
+        self._unflushed_records = 0  # read since the last flush (see FLUSH_DUE_RECORDS)
+        self._unflushed_bytes = 0
+        _SPARE_DESCRIPTORS.hold()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, wait: float = 0.0) -> Follower:
@@ -420,7 +450,9 @@ class Follower:
                 return
             while not self._stop.is_set():
                 gone = self.writer_gone()
-                batch = reader.read(self.batch_size, final=gone or not self.follow)
+                batch = self._read(reader, final=gone or not self.follow)
+                if batch is None:  # the journal could not be read (the state says why)
+                    return
                 if gone and self.follow:
                     batch, superseded = self._own_attempts(batch)
                     if superseded:  # what follows belongs to the resumed run's agent
@@ -445,13 +477,62 @@ class Follower:
                     self._wake.wait(self._wait_before_reading(last_flush))
                     self._wake.clear()
         except BaseException as exc:  # never let a bug kill the thread silently
-            self._fail(exc)
+            self._last_resort(exc)
         finally:
-            reader.close()
             try:
+                reader.close()
                 self.cursor.release()
             except Exception:
                 pass
+
+    def settle(self, patience: float = 5.0) -> None:
+        """After the thread ended: make the cursor file say how, if it does not (the thread ended while its state
+        said running, or its last save could not be made), trying for up to ``patience`` seconds; log it."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        state = self.state
+        if state in (SinkState.WAITING, SinkState.RUNNING):
+            self.error = f"the delivery thread ended unexpectedly (last error: {self.error or 'none recorded'})"
+            state = SinkState.FAILED
+        elif self.cursor_saved:
+            return
+        log.error("rllog: sink %r ended %s: %s", self.name, state, self.error)
+        deadline = time.monotonic() + patience
+        try:
+            while not self._save(state, wait=False) and time.monotonic() < deadline:
+                time.sleep(CURSOR_SAVE_RETRY)
+        except Exception as exc:
+            log.error("rllog: sink %r: its cursor could not be saved: %r", self.name, exc)
+
+    @property
+    def cursor_saved(self) -> bool:
+        """Whether the cursor file holds this follower's latest state (False after a save that could not be made)."""
+        return self._saved_key == self._cursor_key()
+
+    def _last_resort(self, exc: BaseException) -> None:
+        """Fail the sink with ``exc``, whatever else goes wrong: this runs where nothing may raise any more."""
+        try:
+            self._fail(exc)
+        except BaseException as again:
+            self.state, self.error = SinkState.FAILED, f"{type(exc).__name__}: {exc}"
+            try:
+                log.error("rllog: sink %r failed (%s) and its cursor could not be saved: %r", self.name, self.error, again)
+            except BaseException:
+                pass
+
+    def _read(self, reader: JournalReader, final: bool) -> list | None:
+        """The next batch of the journal, waiting out what the machine ran out of (a ``MemoryError`` while
+        decoding: the reader stays before that frame); None when the follower stopped or failed meanwhile."""
+        batch: list = []
+
+        def read() -> None:
+            batch[:] = reader.read(self.batch_size, final=final, max_bytes=self.batch_bytes)
+
+        if self._call(read, what="reading the journal") is not None:
+            return None
+        self._unflushed_records += len(batch)
+        self._unflushed_bytes += reader.last_bytes
+        return batch
 
     # -- internals -------------------------------------------------------------------------------
     def _own_attempts(self, batch: list) -> tuple[list, bool]:
@@ -477,6 +558,8 @@ class Follower:
         is put off until :data:`ASKED_FLUSH_MIN_GAP` after the previous flush (see :meth:`_wait_before_reading`)."""
         since = time.monotonic() - last_flush
         if since >= self.flush_interval:
+            return True
+        if self._unflushed_records >= FLUSH_DUE_RECORDS or self._unflushed_bytes >= FLUSH_DUE_BYTES:
             return True
         request = self._flush_request
         request.replaced()
@@ -606,6 +689,7 @@ class Follower:
         self._durable |= self._in_flight
         self._in_flight = set()
         self._dirty = False
+        self._unflushed_records = self._unflushed_bytes = 0
         self._advance()
         return True
 
@@ -621,32 +705,41 @@ class Follower:
         if moved and self.on_progress:
             self.on_progress(self.seq)
 
-    def _call(self, fn: Callable[[], None], permanent_ok: bool = False) -> str | None:
+    def _call(self, fn: Callable[[], None], permanent_ok: bool = False, what: str = "") -> str | None:
         """Run ``fn`` with retries. Returns None on success, else the error (state saved).
 
-        With ``permanent_ok`` a permanent error is returned to the caller (the record may be bad);
-        otherwise it fails the sink.
+        Retried: :class:`TransientError` and what this machine ran out of (:func:`is_resource_exhausted`),
+        until ``retry.give_up_after``. With ``permanent_ok`` another error is returned to the caller (the
+        record may be bad); otherwise it fails the sink. ``what`` names the work in messages.
         """
         attempt, first_failure = 0, None
+        prefix = f"{what}: " if what else ""
         while True:
             try:
                 fn()
+                if first_failure is not None and self.error is not None:  # the retry note is no longer true
+                    self.error = None
+                    self._save(self.state, wait=False)
                 return None
-            except TransientError as exc:
+            except Exception as exc:
+                if not isinstance(exc, TransientError) and not is_resource_exhausted(exc):
+                    if permanent_ok:
+                        return f"{type(exc).__name__}: {exc}"
+                    return self._fail(exc, prefix=prefix)
                 now = time.monotonic()
-                first_failure = first_failure or now
+                if first_failure is None:
+                    first_failure = now
+                    # what the cursor, and a report made meanwhile, say while this waits; not waited for itself
+                    self.error = f"retrying since {time.strftime('%H:%M:%S')}: {prefix}{type(exc).__name__}: {exc}"
+                    self._save(self.state, wait=False)
                 if self.retry.give_up_after is not None and now - first_failure >= self.retry.give_up_after:
-                    return self._fail(exc, SinkState.GAVE_UP)
+                    return self._fail(exc, SinkState.GAVE_UP, prefix)
                 wait = self.retry.delay(attempt, exc)
-                log.info("rllog: sink %r: %s; retrying in %.2fs", self.name, exc, wait)
+                log.info("rllog: sink %r: %s%s; retrying in %.2fs", self.name, prefix, exc, wait)
                 attempt += 1
                 self._sleep(wait)
                 if self._stop.is_set():
-                    return self._fail(exc, SinkState.STOPPED)
-            except Exception as exc:
-                if permanent_ok:
-                    return f"{type(exc).__name__}: {exc}"
-                return self._fail(exc)
+                    return self._fail(exc, SinkState.STOPPED, prefix)
 
     def _close(self, status: str) -> None:
         if self.sink is not None:
@@ -663,38 +756,99 @@ class Follower:
             return
         self._save(SinkState.CLOSED)
 
-    def _fail(self, exc: BaseException, state: str = SinkState.FAILED) -> str:
-        self.error = f"{type(exc).__name__}: {exc}"
+    def _fail(self, exc: BaseException, state: str = SinkState.FAILED, prefix: str = "") -> str:
+        self.error = f"{prefix}{type(exc).__name__}: {exc}"
         log.error("rllog: sink %r %s at seq %d: %s", self.name, state.replace("_", " "), self.seq, self.error)
         self._save(state)
         return self.error
 
-    def _save(self, state: str) -> None:
-        """Persist the cursor, if it changed. A disk that refuses the write (full) is waited for, never fatal."""
+    def _cursor_key(self) -> str:
+        return json.dumps([self.seq, sorted(self.ahead), self.state, self.error, self.status, self._damage.as_dict(),
+                           self.saved.dead_letter_count])  # fmt: skip
+
+    def _save(self, state: str, wait: bool = True) -> bool:
+        """Persist the cursor, if it changed; True once the file holds it.
+
+        A save the machine has no room for (a full disk, no descriptor left, no memory) is tried again until it
+        is made or the follower is told to stop; without ``wait`` it is left for the next save. A save refused
+        for want of a descriptor is made with one of :data:`_SPARE_DESCRIPTORS`.
+        """
         self.state = state
+        # A write that acknowledges nothing (a buffering sink between flushes) saves nothing: a cursor file
+        # is a new file and a swap (rllog.files), metadata the filesystem journals, ~20 a second per sink otherwise.
+        key = self._cursor_key()
+        if key == self._saved_key:
+            return True
         self.saved.seq, self.saved.ahead = self.seq, sorted(self.ahead)
         self.saved.state, self.saved.error, self.saved.status = state, self.error, self.status
         self.saved.damage = self._damage.as_dict()
-        # A write that acknowledges nothing (a buffering sink between flushes) saves nothing: a cursor file
-        # is a new file and a swap (rllog.files), metadata the filesystem journals, ~20 a second per sink otherwise.
-        key = json.dumps([self.saved.seq, self.saved.ahead, state, self.error, self.status, self.saved.damage,
-                          self.saved.dead_letter_count])  # fmt: skip
-        if key == self._saved_key:
-            return
         self.saved.pid, self.saved.time = os.getpid(), time.time()
         warned = False
         while True:
             try:
-                self.cursor.save(self.saved)
+                try:
+                    self.cursor.save(self.saved)
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                        raise
+                    with _SPARE_DESCRIPTORS.lent():
+                        self.cursor.save(self.saved)
                 self._saved_key = key
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                return True
+            except Exception as exc:
+                if not is_resource_exhausted(exc):
                     raise
+                if not wait:
+                    return False
                 if self._stop.is_set():  # told to stop: the last saved cursor stands (a replay re-sends from it)
-                    log.error("rllog: sink %r: cursor not saved (%s); it stays at seq %d", self.name, exc, self.cursor.load().seq)
-                    return
+                    log.error("rllog: sink %r: cursor not saved (%s); it stays as last saved", self.name, exc)
+                    return False
                 if not warned:
-                    log.error("rllog: sink %r: cannot save its cursor (%s); retrying until the disk has room", self.name, exc)
+                    log.error("rllog: sink %r: cannot save its cursor (%s); retrying until there is room", self.name, exc)
                     warned = True
-                self._stop.wait(0.5)
+                self._stop.wait(CURSOR_SAVE_RETRY)
+
+
+class SpareDescriptors:
+    """Descriptors held in reserve so that a cursor can be saved when the process has none left (EMFILE):
+    a sink that opens a file per table can take every descriptor the process may have, and a cursor that
+    cannot be saved hides why its sink stopped.
+
+    Example:
+        >>> spare = SpareDescriptors(2).hold()
+        >>> with spare.lent():          # the reserve is closed here, and taken again after
+        ...     save_the_cursor()
+    """
+
+    def __init__(self, count: int):
+        self.count = count
+        self._fds: list[int] = []
+        self._lock = threading.Lock()
+
+    def hold(self) -> SpareDescriptors:
+        """Take the descriptors missing from the reserve, as far as the process has them."""
+        with self._lock:
+            self._refill()
+        return self
+
+    def _refill(self) -> None:
+        while len(self._fds) < self.count:
+            try:
+                self._fds.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+            except OSError:  # none left now: the next hold() tries again
+                return
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[None]:
+        """Release the reserve for the block (one thread at a time), and take it again after."""
+        with self._lock:
+            while self._fds:
+                os.close(self._fds.pop())
+            try:
+                yield
+            finally:
+                self._refill()
+
+
+# replace_file needs one descriptor (the new file); two leave room for a lock file or a log line
+_SPARE_DESCRIPTORS = SpareDescriptors(2)

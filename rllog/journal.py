@@ -61,6 +61,16 @@ KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG)
 SEGMENT_BYTES = 64 * 1024 * 1024
 SUFFIX = ".rlj"
 READ_CHUNK = 4 * 1024 * 1024
+# What a payload that passed its checksum raises when it does not decode as its kind: bad bytes (damage). Anything
+# else (MemoryError, an OSError, a bug) says nothing about the frame: it propagates, and the frame is read again.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # JSON, UTF-8, Arrow's ArrowInvalid
+    KeyError,
+    TypeError,  # a JSON document of the wrong shape for its record
+    IndexError,
+    struct.error,
+    pa.ArrowNotImplementedError,  # an Arrow stream naming a type that does not exist
+)
 MAX_FRAME = 1 << 31  # a length above this is damage, not data (a table of 2 GiB is refused long before)
 
 
@@ -567,19 +577,29 @@ class JournalReader:
         current = _segment_key(self._path)
         return any(p not in self._done and p != self._path and _segment_key(p) > current for p in segments(self.directory))
 
-    def read(self, max_records: int = 1000, final: bool = False) -> list:
-        """Return up to ``max_records`` complete records after the cursor (an ``End`` marker included).
+    def read(self, max_records: int = 1000, final: bool = False, max_bytes: int | None = None) -> list:
+        """Return up to ``max_records`` complete records after the cursor (an ``End`` marker included), and
+        at most ``max_bytes`` of their payloads, except that a single record larger than that is read alone.
 
         ``final=True`` means no writer will append any more: an incomplete frame at the tail, or
         damage with no valid frame after it, is skipped (and counted) instead of waited for.
+
+        Only bad bytes are damage: a frame whose checksum fails, or whose payload does not decode as its kind
+        (:data:`DECODE_ERRORS`). Any other error while decoding (a ``MemoryError``) leaves the reader before
+        that frame: the records read before it are returned, and the next call reads the frame again (and
+        raises, if the error is still there).
         """
         out: list = []
+        self._budget, self._taken = max_bytes, 0
         if self._fd is None and not self._open_next():
             return out
         while len(out) < max_records:
-            stop = self._read_segment(out, max_records)
-            if stop == "more":
-                continue
+            try:
+                stop = self._read_segment(out, max_records)
+            except Exception:
+                if out:  # the frame that raised is read again by the next call
+                    return out
+                raise
             if stop == "done":  # out is full; the rest of the segment is for the next call
                 break
             # the end of what this segment holds now: finished, torn, damaged, or still being written
@@ -609,13 +629,17 @@ class JournalReader:
         self._offset = size
 
     def _read_segment(self, out: list, max_records: int) -> str:
-        """Parse frames from the current offset into ``out``. Returns why it stopped: ``"more"`` (room
-        left in ``out`` was filled; call again), ``"incomplete"`` or ``"damaged"`` (at the end of the data)."""
+        """Parse frames from the current offset into ``out``. Returns why it stopped: ``"done"`` (``out`` holds
+        what one call may return), ``"incomplete"`` or ``"damaged"`` (at the end of the data)."""
         assert self._fd is not None
         want = READ_CHUNK
         while True:
             buf = os.pread(self._fd, want, self._offset)
-            pos, why = self._parse(buf, out, max_records)
+            try:
+                pos, why = self._parse(buf, out, max_records)
+            except _Interrupted as stopped:  # the offset stays before the frame whose decoding raised
+                self._offset += stopped.pos
+                raise stopped.error from None
             self._offset += pos
             if len(buf) == want and why in ("need", "damaged"):  # the file holds more than this chunk
                 if why == "damaged":  # no valid header in this chunk: skip what was searched, go on
@@ -626,62 +650,77 @@ class JournalReader:
                     want = max(want * 2, self._need)
                 continue
             if why == "full":
-                return "more" if len(out) < max_records else "done"
+                return "done"
             if why == "need":
                 return "incomplete"
             return why
 
     _need = 0
+    _budget: int | None = None  # payload bytes one read may return (see read)
+    _taken = 0  # payload bytes returned so far by the current read
+
+    @property
+    def last_bytes(self) -> int:
+        """The payload bytes of the records the last :meth:`read` returned."""
+        return self._taken
 
     def _parse(self, buf: bytes, out: list, max_records: int) -> tuple[int, str]:
+        """Parse the frames of ``buf`` into ``out``; returns how far it got and why it stopped (``"full"``, ``"need"``
+        more bytes, ``"damaged"``). An error that is no damage raises :class:`_Interrupted` at the frame it hit."""
         pos, n = 0, len(buf)
         while pos + HEADER.size <= n:
             if len(out) >= max_records:
                 return pos, "full"
-            head = _header_at(buf, pos)
-            if head is None:
-                nxt = self._resync(buf, pos + 1)
-                if nxt is None:
-                    return pos, "damaged"
-                self.damage.damaged_bytes += nxt - pos
-                log.warning(
-                    "rllog journal: %s: damaged bytes at offset %d; resynchronised %d bytes later",
-                    self._path,
-                    self._offset + pos,
-                    nxt - pos,
-                )
-                pos = nxt
-                continue
-            kind, seq, length, crc = head
-            end = pos + HEADER.size + length
-            if end > n:
-                self._need = HEADER.size + length
-                return pos, "need"
-            if kind != KIND_END and seq <= self.after_seq:  # delivered already: skip unverified
-                pos = end
-                continue
-            payload = buf[pos + HEADER.size : end]
-            if zlib.crc32(payload, zlib.crc32(buf[pos : pos + _PREFIX.size])) != crc:
-                self._count_bad_frame(pos, end - pos, "failed its checksum")
-                pos = end
-                continue
-            if self.decode:
-                try:
-                    item: Any = _decode(kind, seq, payload)
-                except Exception as exc:
-                    self._count_bad_frame(pos, end - pos, f"could not be decoded ({exc})")
+            try:
+                head = _header_at(buf, pos)
+                if head is None:
+                    nxt = self._resync(buf, pos + 1)
+                    if nxt is None:
+                        return pos, "damaged"
+                    self.damage.damaged_bytes += nxt - pos
+                    log.warning(
+                        "rllog journal: %s: damaged bytes at offset %d; resynchronised %d bytes later",
+                        self._path,
+                        self._offset + pos,
+                        nxt - pos,
+                    )
+                    pos = nxt
+                    continue
+                kind, seq, length, crc = head
+                end = pos + HEADER.size + length
+                if end > n:
+                    self._need = HEADER.size + length
+                    return pos, "need"
+                if kind != KIND_END and seq <= self.after_seq:  # delivered already: skip unverified
                     pos = end
                     continue
-            else:
-                item = (kind, seq)
-            pos = end
-            if kind == KIND_END:
+                if out and self._budget is not None and self._taken + length > self._budget:
+                    return pos, "full"
+                payload = buf[pos + HEADER.size : end]
+                if zlib.crc32(payload, zlib.crc32(buf[pos : pos + _PREFIX.size])) != crc:
+                    self._count_bad_frame(pos, end - pos, "failed its checksum")
+                    pos = end
+                    continue
                 if self.decode:
-                    item = End(item.status, item.time, self._path.name if self._path else "")
+                    try:
+                        item: Any = _decode(kind, seq, payload)
+                    except DECODE_ERRORS as exc:
+                        self._count_bad_frame(pos, end - pos, f"could not be decoded ({type(exc).__name__}: {exc})")
+                        pos = end
+                        continue
+                    if kind == KIND_END:
+                        item = End(item.status, item.time, self._path.name if self._path else "")
+                else:
+                    item = (kind, seq)
+                out.append(item)
+            except Exception as exc:  # not the frame's fault (no memory): the reader stays before it
+                raise _Interrupted(pos, exc) from None
+            pos = end
+            self._taken += length
+            if kind == KIND_END:
                 self.end = item if self.decode else End("", 0.0)
             else:
                 self.after_seq = seq
-            out.append(item)
         return pos, "need"
 
     def _count_bad_frame(self, pos: int, size: int, why: str) -> None:
@@ -698,6 +737,14 @@ class JournalReader:
                 return pos
             pos = buf.find(MAGIC, pos + 1)
         return None
+
+
+class _Interrupted(Exception):
+    """Decoding the frame at ``pos`` of a parse's buffer raised ``error``, which is no damage."""
+
+    def __init__(self, pos: int, error: Exception):
+        super().__init__(pos, error)
+        self.pos, self.error = pos, error
 
 
 def read_all(run_dir: str | os.PathLike, after_seq: int = 0) -> Iterator[Record | End]:

@@ -184,6 +184,21 @@ def is_disk_full(exc: BaseException, wrapped: Sequence[str] = ()) -> bool:
     return False
 
 
+#: What the local machine ran out of, not what a call got wrong: descriptors (per process, system-wide), memory,
+#: disk space and quota, and a resource that is busy for now. A call that raised one of these may work once
+#: the resource comes back (another thread closes a file, memory is freed, space returns).
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOBUFS, *DISK_FULL_ERRNOS})
+
+
+def is_resource_exhausted(exc: BaseException, wrapped: Sequence[str] = ()) -> bool:
+    """Whether the local machine ran out of something anywhere in ``exc``'s chain: a ``MemoryError``, an
+    ``OSError`` in :data:`RESOURCE_ERRNOS`, or a full disk as :func:`is_disk_full` sees it."""
+    chain = exception_chain(exc, wrapped)
+    if any(isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in RESOURCE_ERRNOS) for e in chain):
+        return True
+    return is_disk_full(exc, wrapped)
+
+
 def network_errors() -> tuple[type[BaseException], ...]:
     """Python's connection errors and timeouts, and those of the HTTP clients already imported."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]

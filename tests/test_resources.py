@@ -1,0 +1,247 @@
+"""What the delivery agent runs out of (memory, descriptors) is waited for, never taken for damage or a bad sink;
+what it holds is bounded by bytes, whatever the width of a record.
+
+The faults are real where they can be aimed: a real ``RLIMIT_NOFILE`` on the trainer (the agent inherits it), lifted
+from outside with ``prlimit --pid``; real bytes that pass their checksum and do not decode. A ``MemoryError`` at one
+chosen frame is injected (a real ``RLIMIT_AS`` cannot be aimed at one decode).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from sinks import FlakySink, MemorySink, wait_until
+
+import rllog
+from rllog import delivery, journal
+from rllog.delivery import BATCH_BYTES, FLUSH_DUE_RECORDS, LOCAL_RETRY_CAP, Follower, RetryPolicy
+from rllog.errors import TransientError
+from rllog.journal import End, JournalReader, JournalWriter, PendingMetrics
+from rllog.run import load_run_info
+
+FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
+
+
+def logged_run(run_dir, steps: int, width: int = 1) -> None:
+    with rllog.init(report_to="none", run_dir=run_dir, health=False) as run:
+        for step in range(steps):
+            run.log({f"k{i}": float(step) for i in range(width)}, step=step)
+
+
+def test_a_memory_error_while_decoding_a_frame_is_waited_out_and_the_frame_delivered(tmp_path, monkeypatch):
+    run_dir = tmp_path / "r"
+    logged_run(run_dir, 1000)
+    real_decode, raised = journal._decode, []
+
+    def decode(kind, seq, payload):
+        if seq == 500 and not raised:
+            raised.append(seq)
+            raise MemoryError
+        return real_decode(kind, seq, payload)
+
+    monkeypatch.setattr(journal, "_decode", decode)
+    sink = MemorySink("memory")
+    follower = Follower("memory", sink, load_run_info(run_dir)[0], follow=False, retry=FAST)
+    assert follower.start().join(60)
+    assert raised == [500]
+    assert sink.seqs == list(range(1, 1001))  # seq 500 once, in its place
+    saved = json.loads((run_dir / "delivery" / "memory.json").read_text())
+    assert saved["damage"] == {"damaged_bytes": 0, "damaged_frames": 0, "torn_bytes": 0}
+    assert (saved["state"], saved["seq"], saved["error"]) == ("closed", 1000, None)
+    report = rllog.run.report(run_dir, ["memory"])
+    assert report.ok and report["memory"].delivered == 1000 and not report.journal_damage
+
+
+def test_the_reader_stops_before_a_frame_it_could_not_decode_for_want_of_memory(tmp_path, monkeypatch):
+    logged_run(tmp_path, 10)
+    real_decode, failing = journal._decode, [True]
+
+    def decode(kind, seq, payload):
+        if seq == 5 and failing[0]:
+            raise MemoryError
+        return real_decode(kind, seq, payload)
+
+    monkeypatch.setattr(journal, "_decode", decode)
+    reader = JournalReader(tmp_path)
+    assert [r.seq for r in reader.read(100)] == [1, 2, 3, 4]  # what came before the frame
+    with pytest.raises(MemoryError):
+        reader.read(100)
+    failing[0] = False
+    batch = reader.read(100, final=True)
+    assert [r.seq for r in batch if not isinstance(r, End)] == list(range(5, 11)) and not reader.damage
+
+
+def test_a_frame_that_passes_its_checksum_but_does_not_decode_is_damage(tmp_path):
+    w = JournalWriter(tmp_path, 0.05)
+    w.append(PendingMetrics(1, 1, 1.0, {"v": 1.0}))
+    w.close("finished")
+    (segment,) = (tmp_path / "journal").glob("*.rlj")
+    with open(segment, "ab") as f:  # real bytes, checksummed, that are not a metrics record
+        f.write(journal.frame(journal.KIND_METRICS, 2, b"not json"))
+        f.write(journal.encode_metrics(3, 3, 3.0, {"v": 3.0}))
+    reader = JournalReader(tmp_path)
+    assert [r.seq for r in reader.read(100, final=True) if not isinstance(r, End)] == [1, 3]
+    assert reader.damage.damaged_frames == 1
+
+
+def test_resource_errors_of_a_sink_are_retried_not_dead_lettered(tmp_path):
+    errors = [OSError(errno.EMFILE, "Too many open files"), MemoryError(), OSError(errno.ENOMEM, "Cannot allocate memory")]
+    flaky = FlakySink(errors, name="flaky")
+    run = rllog.init(report_to=[flaky], run_dir=tmp_path / "r", flush_interval=0.05, retry=FAST, health=False)
+    for i in range(300):
+        run.log({"i": float(i)})
+    report = run.finish(timeout=60)
+    assert report.ok, str(report)
+    assert flaky.attempts >= 4 and report["flaky"].dead_letters == 0
+    assert flaky.seqs == list(range(1, 301))  # exactly once each, in order
+
+
+def test_resource_errors_back_off_to_seconds_and_remote_ones_to_the_policy_cap():
+    policy = RetryPolicy(base=0.5, cap=30.0, random=lambda: 1.0 - 1e-12)
+    wrapped = TransientError("disk full")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device")
+    for local in (OSError(errno.EMFILE, "x"), MemoryError(), wrapped):
+        assert policy.delay(20, local) == pytest.approx(LOCAL_RETRY_CAP)
+    assert policy.delay(20, TransientError("503")) == pytest.approx(30.0)
+
+
+def test_a_read_returns_at_most_its_byte_budget_or_one_larger_record(tmp_path):
+    w = JournalWriter(tmp_path, 0.05)
+    widths = [1, 50, 400, 3, 2000, 10, 10, 5000, 1, 1] * 5
+    for seq, width in enumerate(widths, start=1):
+        w.append(PendingMetrics(seq, seq, 0.0, {f"key{i}": float(i) for i in range(width)}))
+    w.close("finished")
+    sizes = {}
+    for seq, width in enumerate(widths, start=1):
+        sizes[seq] = len(journal.encode_metrics(seq, seq, 0.0, {f"key{i}": float(i) for i in range(width)})) - journal.HEADER.size
+    budget = 20_000
+    assert max(sizes.values()) > budget  # some records are larger than the budget on their own
+    reader, seen, batches = JournalReader(tmp_path), [], []
+    while batch := [r for r in reader.read(1000, final=True, max_bytes=budget) if not isinstance(r, End)]:
+        batches.append([r.seq for r in batch])
+        seen += [r.seq for r in batch]
+    assert seen == list(range(1, len(widths) + 1))
+    for seqs in batches:
+        assert len(seqs) == 1 or sum(sizes[s] for s in seqs) <= budget, seqs
+    assert any(len(seqs) > 1 for seqs in batches)
+
+
+def test_a_follower_takes_a_wide_backlog_in_batches_bounded_by_bytes_and_flushes_by_size(tmp_path):
+    run_dir = tmp_path / "r"
+    logged_run(run_dir, 60, width=10_000)  # ~250 KB of journal a record
+    calls = []
+
+    class CountingSink(MemorySink):
+        def write_metrics(self, records):
+            calls.append(len(records))
+            super().write_metrics(records)
+
+    sink = CountingSink("counting")
+    follower = Follower("counting", sink, load_run_info(run_dir)[0], follow=False, flush_interval=3600)
+    assert follower.start().join(120)
+    assert sink.seqs == list(range(1, 61))
+    smallest = len(journal.encode_metrics(1, 0, 0.0, {f"k{i}": 0.0 for i in range(10_000)})) - journal.HEADER.size
+    assert max(calls) <= BATCH_BYTES // smallest < 60  # not the whole backlog in one call
+    many, flushes = FLUSH_DUE_RECORDS * 2 + 500, []
+    logged_run(tmp_path / "narrow", many)
+    narrow = MemorySink("narrow")
+    narrow.flush = lambda: flushes.append(len(narrow.metrics))  # type: ignore[method-assign]
+    follower = Follower("narrow", narrow, load_run_info(tmp_path / "narrow")[0], follow=False, flush_interval=3600)
+    assert follower.start().join(120)
+    assert len(narrow.metrics) == many
+    # due by size each time FLUSH_DUE_RECORDS more were delivered (read 1,000 at a time); the last one is finish's
+    assert flushes == [FLUSH_DUE_RECORDS, 2 * FLUSH_DUE_RECORDS, many]
+
+
+TABLES_TRAINER = textwrap.dedent(
+    r"""
+    import json, sys
+    import rllog
+    run_dir, names = sys.argv[1], int(sys.argv[2])
+    run = rllog.init(report_to="parquet", run_dir=run_dir, flush_interval=0.05, health=False)
+    for step in range(3):
+        for t in range(names):
+            run.log_table(f"t{t}", {"x": [step]}, step=step)
+        run.log({"a": float(step)}, step=step)
+    print(run._agent.pid, flush=True)
+    sys.stdin.readline()  # the test lifts the limit, then says "finish"
+    report = run.finish(timeout=120)
+    print(json.dumps({"ok": report.ok, "text": str(report), "delivered": report["parquet"].delivered}), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prlimit") is None or os.geteuid() != 0, reason="needs prlimit and root to raise a limit")
+def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once_the_limit_is_lifted(tmp_path):
+    """64 descriptors (a real RLIMIT_NOFILE the agent inherits from the trainer) and 100 table names to parquet."""
+    run_dir = tmp_path / "r"
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TABLES_TRAINER, str(run_dir), "100"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)),
+    )
+    try:
+        assert trainer.stdout is not None and trainer.stdin is not None
+        agent_pid = int(trainer.stdout.readline())
+        cursor = run_dir / "delivery" / "parquet.json"
+
+        def stalled_and_says_why() -> bool:
+            try:
+                saved = json.loads(cursor.read_text())
+            except (FileNotFoundError, ValueError):
+                return False
+            return saved["state"] == "running" and "Too many open files" in (saved["error"] or "")
+
+        assert wait_until(stalled_and_says_why, timeout=60), cursor.read_text() if cursor.exists() else "no cursor"
+        assert os.path.exists(f"/proc/{agent_pid}")  # the agent is alive, delivering nothing, and the report says why
+        pending = rllog.run.report(run_dir, ["parquet"])["parquet"]
+        assert pending.state == "pending" and "Too many open files" in (pending.error or "")
+        subprocess.run(["prlimit", "--pid", str(agent_pid), f"--nofile={hard}:{hard}"], check=True)
+        out, err = trainer.communicate("finish\n", timeout=180)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"], result["text"] + err
+    assert result["delivered"] == 3 * 100 + 3
+    assert sorted(rllog.read_table(run_dir, "t42").column("x").to_pylist()) == [0, 1, 2]
+    assert len(rllog.read_metrics(run_dir)) == 3
+
+
+def test_a_follower_whose_cursor_cannot_be_saved_for_want_of_descriptors_saves_it_with_its_spares(tmp_path):
+    run_dir = tmp_path / "r"
+    logged_run(run_dir, 10)
+    follower = Follower("memory", MemorySink("memory"), load_run_info(run_dir)[0], follow=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        while True:  # every descriptor this process may have
+            try:
+                taken.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError as exc:
+                assert exc.errno == errno.EMFILE
+                break
+        follower.error = "what the cursor must say"
+        follower.stop()  # one attempt, no waiting for descriptors that never come
+        assert follower._save(delivery.SinkState.FAILED)
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    saved = json.loads((run_dir / "delivery" / "memory.json").read_text())
+    assert (saved["state"], saved["error"]) == ("failed", "what the cursor must say")
