@@ -248,11 +248,12 @@ class ParquetSink:
         store = self._store("metrics")
         for r in records:
             if self._is_new(store, r.seq):
-                for key, value in r.values.items():
-                    self._rows.append((r.step, key, value, r.time, r.seq))
+                if self._rows and len(self._rows) + len(r.values) > self.MAX_BUFFERED_ROWS:
+                    self.flush()  # per record, not after the call: a batch of wide records stays bounded
+                self._rows.extend([(r.step, key, value, r.time, r.seq) for key, value in r.values.items()])  # whole or not at all
                 self._buffered(store, r.seq)
-        if len(self._rows) >= self.MAX_BUFFERED_ROWS:
-            self.flush()
+                if len(self._rows) >= self.MAX_BUFFERED_ROWS:
+                    self.flush()
 
     def write_table(self, record: TableRecord) -> None:
         store = self._store("tables", table_dir_name(record.name), seq_column="_seq")

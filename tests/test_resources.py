@@ -245,3 +245,47 @@ def test_a_follower_whose_cursor_cannot_be_saved_for_want_of_descriptors_saves_i
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     saved = json.loads((run_dir / "delivery" / "memory.json").read_text())
     assert (saved["state"], saved["error"]) == ("failed", "what the cursor must say")
+
+
+def test_parquet_buffers_at_most_its_row_limit_whatever_the_width_of_the_records_of_one_call(tmp_path, monkeypatch):
+    from rllog.records import MetricsRecord
+    from rllog_backends.parquet import ParquetSink
+
+    sink = ParquetSink()
+    logged_run(tmp_path / "r", 0)
+    sink.open(load_run_info(tmp_path / "r")[0])
+    buffered_at_flush = []
+    real_flush = sink.flush
+
+    def flush():
+        buffered_at_flush.append(len(sink._rows))
+        real_flush()
+
+    monkeypatch.setattr(sink, "flush", flush)
+    width = 10_000
+    records = [MetricsRecord(seq, seq, 0.0, {f"k{i}": float(seq) for i in range(width)}) for seq in range(1, 31)]
+    sink.write_metrics(records)  # one call, as a follower delivers a batch: 300,000 rows
+    assert buffered_at_flush and max(buffered_at_flush) <= ParquetSink.MAX_BUFFERED_ROWS
+    assert len(sink._rows) <= ParquetSink.MAX_BUFFERED_ROWS
+    sink.close("finished")
+    assert rllog.read_metrics(tmp_path / "r").num_rows == 30 * width
+
+
+def test_a_follower_thread_that_ended_while_running_is_named_in_its_cursor_by_the_agent(tmp_path):
+    """What the agent does when a follower thread ends without saying how (the last-resort handler cannot raise,
+    so this stands for a death nothing else could record)."""
+    import threading
+
+    run_dir = tmp_path / "r"
+    logged_run(run_dir, 3)
+    follower = Follower("memory", MemorySink("memory"), load_run_info(run_dir)[0], follow=False)
+    follower._save(delivery.SinkState.RUNNING)
+    follower.error = "OSError: [Errno 24] Too many open files"
+    follower.thread = threading.Thread(target=lambda: None)
+    follower.thread.start()
+    follower.thread.join()
+    follower.settle()
+    saved = json.loads((run_dir / "delivery" / "memory.json").read_text())
+    assert saved["state"] == "failed" and "ended unexpectedly" in saved["error"] and "Too many open files" in saved["error"]
+    report = rllog.run.report(run_dir, ["memory"])["memory"]
+    assert report.state == "failed" and "Too many open files" in report.error
