@@ -124,6 +124,8 @@ class AgentProcess:
         self.options = options or {}
         self.sink_names = list(sink_names if sink_names is not None else self.options)
         self._told_failed: set[str] = set()
+        self._retrying: dict[str, str] = {}  # sink -> the retry note its cursor held at the last check
+        self._told_retrying: set[str] = set()
         self._next_sink_check = 0.0
         self.budget = budget or RestartBudget()
         self._say = on_stderr or (lambda text: print(text, file=sys.stderr, flush=True))
@@ -236,8 +238,9 @@ class AgentProcess:
     SINK_CHECK_SECONDS = 5.0
 
     def _check_sinks(self) -> None:
-        """Say on stderr, once per sink, when a sink fails (its records stay pending for replay)."""
-        from rllog.delivery import CursorStore, SinkState
+        """Say on stderr, once per sink, when a sink fails (its records stay pending for replay), and when its
+        cursor says it has been retrying one error since the previous check (a tracker down, no descriptor left)."""
+        from rllog.delivery import RETRY_NOTE, CursorStore, SinkState
 
         for name in self.sink_names:
             if name in self._told_failed:
@@ -249,6 +252,12 @@ class AgentProcess:
                     f"rllog: delivery to {name!r} failed ({cursor.error}); its records stay in the journal "
                     f"({self.run_dir}): `rllog replay {self.run_dir} --to {name}` once the cause is fixed"
                 )
+                continue
+            note = cursor.error if cursor.state == SinkState.RUNNING and (cursor.error or "").startswith(RETRY_NOTE) else None
+            if note is not None and self._retrying.get(name) == note and name not in self._told_retrying:
+                self._told_retrying.add(name)
+                self._say(f"rllog: delivery to {name!r} is waiting, {note}; its records stay in the journal ({self.run_dir})")
+            self._retrying[name] = note or ""
 
     def _read_samples(self) -> None:
         if self._samples is None or self.on_system is None:

@@ -112,6 +112,7 @@ FLUSH_DUE_BYTES = 8 * 1024 * 1024
 # The longest backoff after this machine ran out of something (memory, descriptors, disk space): it comes back
 # when a thread here frees it, within seconds, and no remote service needs sparing.
 LOCAL_RETRY_CAP = 2.0
+RETRY_NOTE = "retrying since"  # how a cursor's error starts while its follower retries (see Follower._call)
 CURSOR_SAVE_RETRY = 0.5  # the wait between attempts to save a cursor the disk or the process has no room for
 MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
 DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
@@ -491,7 +492,9 @@ class Follower:
         if self.thread is not None and self.thread.is_alive():
             return
         state = self.state
-        if state in (SinkState.WAITING, SinkState.RUNNING):
+        if state in (SinkState.WAITING, SinkState.RUNNING) and self._stop.is_set():
+            state = SinkState.STOPPED  # told to stop: its records are pending, nothing failed
+        elif state in (SinkState.WAITING, SinkState.RUNNING):
             self.error = f"the delivery thread ended unexpectedly (last error: {self.error or 'none recorded'})"
             state = SinkState.FAILED
         elif self.cursor_saved:
@@ -730,12 +733,12 @@ class Follower:
                 if first_failure is None:
                     first_failure = now
                     # what the cursor, and a report made meanwhile, say while this waits; not waited for itself
-                    self.error = f"retrying since {time.strftime('%H:%M:%S')}: {prefix}{type(exc).__name__}: {exc}"
+                    self.error = f"{RETRY_NOTE} {time.strftime('%H:%M:%S')}: {prefix}{type(exc).__name__}: {exc}"
                     self._save(self.state, wait=False)
                 if self.retry.give_up_after is not None and now - first_failure >= self.retry.give_up_after:
                     return self._fail(exc, SinkState.GAVE_UP, prefix)
                 wait = self.retry.delay(attempt, exc)
-                log.info("rllog: sink %r: %s%s; retrying in %.2fs", self.name, prefix, exc, wait)
+                log.info("rllog: sink %r: %s%s: %s; retrying in %.2fs", self.name, prefix, type(exc).__name__, exc, wait)
                 attempt += 1
                 self._sleep(wait)
                 if self._stop.is_set():

@@ -185,11 +185,12 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
     """64 descriptors (a real RLIMIT_NOFILE the agent inherits from the trainer) and 100 table names to parquet."""
     run_dir = tmp_path / "r"
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    stderr = tmp_path / "trainer-stderr.txt"
     trainer = subprocess.Popen(
         [sys.executable, "-c", TABLES_TRAINER, str(run_dir), "100"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr.open("w"),
         text=True,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)),
     )
@@ -209,14 +210,17 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
         assert os.path.exists(f"/proc/{agent_pid}")  # the agent is alive, delivering nothing, and the report says why
         pending = rllog.run.report(run_dir, ["parquet"])["parquet"]
         assert pending.state == "pending" and "Too many open files" in (pending.error or "")
+        said = "rllog: delivery to 'parquet' is waiting, retrying since"
+        assert wait_until(lambda: said in stderr.read_text(), timeout=60), stderr.read_text()
+        assert "Too many open files" in stderr.read_text()
         subprocess.run(["prlimit", "--pid", str(agent_pid), f"--nofile={hard}:{hard}"], check=True)
-        out, err = trainer.communicate("finish\n", timeout=180)
+        out, _ = trainer.communicate("finish\n", timeout=180)
     finally:
         if trainer.poll() is None:
             trainer.kill()
             trainer.wait()
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["ok"], result["text"] + err
+    assert result["ok"], result["text"] + stderr.read_text()
     assert result["delivered"] == 3 * 100 + 3
     assert sorted(rllog.read_table(run_dir, "t42").column("x").to_pylist()) == [0, 1, 2]
     assert len(rllog.read_metrics(run_dir)) == 3
