@@ -35,6 +35,13 @@ from rllog.rundir import AGENT_LOG
 from rllog.sink import CONSOLE_FD_ENV
 
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
+EXIT_RESTART = 4  # a follower ran out of memory or descriptors in its own work: start the agent again from the cursors
+
+
+class RestartAgent(Exception):
+    """A live run's follower needs its agent started again (:attr:`rllog.delivery.Follower.needs_restart`)."""
+
+
 OPTIONS_FROM_STDIN = "--options-stdin"
 STANDBY_ARG = "--standby"
 LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
@@ -716,6 +723,8 @@ def serve(
         for f in followers:
             f.join(0.2)
             if f.name not in ended and f.join(0):  # its cursor must say how it ended, now, while others go on
+                if follow and f.needs_restart:  # what the other followers have in flight is re-sent, as after a kill
+                    raise RestartAgent(f"{f.name}: {f.error}")
                 ended.add(f.name)
                 f.settle()
         if heap is not None and not heap.frozen:
@@ -726,6 +735,8 @@ def serve(
                 log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
                 return len([f for f in followers if f.state != SinkState.CLOSED])
     for f in followers:
+        if follow and f.needs_restart:
+            raise RestartAgent(f"{f.name}: {f.error}")
         if f.name not in ended:
             f.settle()
     return len([f for f in followers if f.state != SinkState.CLOSED])
@@ -822,7 +833,11 @@ def main(argv: list[str] | None = None) -> int:
         options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
         _lower_priority(idle=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options, heap=heap)
+    try:
+        failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options, heap=heap)
+    except RestartAgent as exc:
+        print(f"rllog: restarting the delivery agent: {exc}", flush=True)
+        os._exit(EXIT_RESTART)
     sys.stdout.flush()
     # os._exit: a tracker's non-daemon thread (or a hung sink) must not keep the agent alive.
     os._exit(EXIT_SINKS_FAILED if failed else 0)

@@ -400,6 +400,7 @@ class Follower:
         self._damage = Damage(**self.saved.damage)
         self._unflushed_records = 0  # read since the last flush (see FLUSH_DUE_RECORDS)
         self._unflushed_bytes = 0
+        self.needs_restart = False  # ended for want of memory or descriptors: start it again from its cursor
         _SPARE_DESCRIPTORS.hold()
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -477,6 +478,11 @@ class Follower:
                     self.caught_up_at = time.monotonic()
                     self._wake.wait(self._wait_before_reading(last_flush))
                     self._wake.clear()
+        except Exception as exc:
+            if is_resource_exhausted(exc) and not self._stop.is_set():
+                self._restart_from_cursor(exc)
+            else:
+                self._last_resort(exc)
         except BaseException as exc:  # never let a bug kill the thread silently
             self._last_resort(exc)
         finally:
@@ -492,7 +498,9 @@ class Follower:
         if self.thread is not None and self.thread.is_alive():
             return
         state = self.state
-        if state in (SinkState.WAITING, SinkState.RUNNING) and self._stop.is_set():
+        if state in (SinkState.WAITING, SinkState.RUNNING) and self.needs_restart:
+            state = SinkState.FAILED  # nobody restarts it (a replay): it failed, and says why
+        elif state in (SinkState.WAITING, SinkState.RUNNING) and self._stop.is_set():
             state = SinkState.STOPPED  # told to stop: its records are pending, nothing failed
         elif state in (SinkState.WAITING, SinkState.RUNNING):
             self.error = f"the delivery thread ended unexpectedly (last error: {self.error or 'none recorded'})"
@@ -511,6 +519,18 @@ class Follower:
     def cursor_saved(self) -> bool:
         """Whether the cursor file holds this follower's latest state (False after a save that could not be made)."""
         return self._saved_key == self._cursor_key()
+
+    def _restart_from_cursor(self, exc: Exception) -> None:
+        """The machine ran out of something in the follower's own work (not in a sink call or a journal read, which
+        wait for it): its records in memory may be half booked, so it ends here, its cursor still ``running`` and
+        saying why, for its agent to start again from the cursor (:attr:`needs_restart`)."""
+        self.needs_restart = True
+        try:
+            self.error = f"{type(exc).__name__} while delivering: {exc}; delivery starts again from the cursor"
+            log.error("rllog: sink %r: %s", self.name, self.error)
+            self._save(self.state, wait=False)
+        except BaseException:  # what was saved last stands; the agent restarts it all the same
+            pass
 
     def _last_resort(self, exc: BaseException) -> None:
         """Fail the sink with ``exc``, whatever else goes wrong: this runs where nothing may raise any more."""

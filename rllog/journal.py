@@ -61,6 +61,7 @@ KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG)
 SEGMENT_BYTES = 64 * 1024 * 1024
 SUFFIX = ".rlj"
 READ_CHUNK = 4 * 1024 * 1024
+READ_ALL_BYTES = 16 * 1024 * 1024  # payload bytes read_all decodes at a time: memory bounded whatever a record's width
 # What a payload that passed its checksum raises when it does not decode as its kind: bad bytes (damage). Anything
 # else (MemoryError, an OSError, a bug) says nothing about the frame: it propagates, and the frame is read again.
 DECODE_ERRORS: tuple[type[BaseException], ...] = (
@@ -751,7 +752,7 @@ def read_all(run_dir: str | os.PathLike, after_seq: int = 0) -> Iterator[Record 
     """Every complete record of a journal that is no longer being written (torn tails skipped)."""
     reader = JournalReader(run_dir, after_seq)
     try:
-        while batch := reader.read(10_000, final=True):
+        while batch := reader.read(10_000, final=True, max_bytes=READ_ALL_BYTES):
             yield from batch
     finally:
         reader.close()
