@@ -2,7 +2,7 @@
 what it holds is bounded by bytes, whatever the width of a record.
 
 The faults are real where they can be aimed: a real ``RLIMIT_NOFILE`` on the trainer (the agent inherits it), lifted
-from outside with ``prlimit --pid``; real bytes that pass their checksum and do not decode. A ``MemoryError`` at one
+from outside with ``prlimit(2)``; real bytes that pass their checksum and do not decode. A ``MemoryError`` at one
 chosen frame is injected (a real ``RLIMIT_AS`` cannot be aimed at one decode).
 """
 
@@ -12,7 +12,6 @@ import errno
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -180,7 +179,6 @@ TABLES_TRAINER = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("prlimit") is None or os.geteuid() != 0, reason="needs prlimit and root to raise a limit")
 def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once_the_limit_is_lifted(tmp_path):
     """64 descriptors (a real RLIMIT_NOFILE the agent inherits from the trainer) and 100 table names to parquet."""
     run_dir = tmp_path / "r"
@@ -213,7 +211,7 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
         said = "rllog: delivery to 'parquet' is waiting, retrying since"
         assert wait_until(lambda: said in stderr.read_text(), timeout=60), stderr.read_text()
         assert "Too many open files" in stderr.read_text()
-        subprocess.run(["prlimit", "--pid", str(agent_pid), f"--nofile={hard}:{hard}"], check=True)
+        resource.prlimit(agent_pid, resource.RLIMIT_NOFILE, (hard, hard))  # prlimit(2): up to its own hard limit
         out, _ = trainer.communicate("finish\n", timeout=180)
     finally:
         if trainer.poll() is None:
