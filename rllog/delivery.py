@@ -684,6 +684,7 @@ class Follower:
         if len(self._suspects) >= MAX_SUSPECTS:
             self.error = f"{len(self._suspects)} records in a row rejected; last: {error}"
             log.error("rllog: sink %r failed: %s", self.name, self.error)
+            self._keep_what_the_sink_holds()
             self._advance()
             self._save(SinkState.FAILED)
             return False
@@ -782,8 +783,26 @@ class Follower:
     def _fail(self, exc: BaseException, state: str = SinkState.FAILED, prefix: str = "") -> str:
         self.error = f"{prefix}{type(exc).__name__}: {exc}"
         log.error("rllog: sink %r %s at seq %d: %s", self.name, state.replace("_", " "), self.seq, self.error)
+        if state in SinkState.BROKEN:
+            self._keep_what_the_sink_holds()
         self._save(state)
         return self.error
+
+    def _keep_what_the_sink_holds(self) -> None:
+        """Before delivery stops on a broken sink: one flush, not retried, so that the records the sink accepted
+        and holds count as delivered. Left in flight, they would stay behind the cursor and ``rllog replay`` would
+        send them again: a tracker that sends on write (wandb, MLflow, trackio) would show them twice."""
+        flush = getattr(self.sink, "flush", None)
+        if not self._in_flight or flush is None:
+            return
+        try:
+            flush()
+        except Exception as exc:  # the sink is broken already; what it holds stays pending
+            log.warning("rllog: sink %r: the flush before stopping failed too (%s: %s)", self.name, type(exc).__name__, exc)
+            return
+        self._durable |= self._in_flight
+        self._in_flight = set()
+        self._advance()
 
     def _cursor_key(self) -> str:
         return json.dumps([self.seq, sorted(self.ahead), self.state, self.error, self.status, self._damage.as_dict(),

@@ -533,3 +533,35 @@ def test_in_process_followers_honour_a_flush_request_once_the_journal_holds_its_
         assert wait_until(lambda step=step: cursor.load().seq == step + 1, timeout=20), cursor.load()
     assert sink.seqs == [1, 2, 3, 4, 5]
     assert run.finish(timeout=30).ok
+
+
+class BreaksAfterSink(MemorySink):
+    """Takes the first ``good`` records (in flight, waiting for a flush), then raises on every write."""
+
+    def __init__(self, name: str, good: int):
+        super().__init__(name)
+        self.good = good
+
+    def write_metrics(self, records):
+        if len(self.metrics) + len(records) > self.good:
+            raise RuntimeError("tracker broke")
+        super().write_metrics(records)
+
+
+def test_a_sink_that_breaks_keeps_what_it_took_so_a_replay_sends_nothing_twice(tmp_path):
+    # One call per record (poll every record), no periodic flush: the 20 records the sink took are in flight
+    # when it breaks. Left behind the cursor, a replay sent them again (a tracker that sends on write: twice).
+    sink = BreaksAfterSink("breaks", good=20)
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
+    for i in range(60):
+        run.log({"i": float(i)})
+        if i < 20:
+            assert wait_until(lambda i=i: len(sink.metrics) == i + 1, 30)
+    report = run.finish(timeout=30)
+    assert report["breaks"].state == "failed"
+    assert (report["breaks"].delivered, report["breaks"].pending) == (20, 40)
+    assert CursorStore(tmp_path / "r", "breaks").load().seq == 20
+    again = MemorySink("breaks")
+    follower = Follower("breaks", again, rllog.rundir.load_run_info(tmp_path / "r")[0], follow=False).start()
+    assert follower.join(30)
+    assert again.seqs == list(range(21, 61))
