@@ -38,6 +38,14 @@ EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a resta
 OPTIONS_FROM_STDIN = "--options-stdin"
 STANDBY_ARG = "--standby"
 LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
+# An agent still delivering at the finish deadline gets SIGTERM and this long to exit before SIGKILL. A frozen one
+# (stopped by SIGSTOP or a debugger) cannot act on SIGTERM: it gets SIGKILL at once.
+STOP_GRACE_SECONDS = 0.5
+# After SIGKILL, how long to wait for the process to be gone (one in uninterruptible disk sleep dies only when its
+# I/O returns; finish does not wait for that).
+KILL_WAIT_SECONDS = 0.5
+# The most Run.finish(timeout=T) takes beyond T for stopping the agent, whatever the agent does.
+FINISH_OVERRUN_MAX_SECONDS = STOP_GRACE_SECONDS + KILL_WAIT_SECONDS
 
 log = logging.getLogger("rllog.agent")
 
@@ -156,7 +164,8 @@ class AgentProcess:
         return self.proc.returncode if self.proc is not None else None
 
     def stop(self, deadline: float) -> bool:
-        """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it. True if it exited by itself."""
+        """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it, within
+        :data:`FINISH_OVERRUN_MAX_SECONDS` of the deadline. True if it exited by itself."""
         self._stopping.set()
         with self._lock:
             proc = self.proc
@@ -166,13 +175,25 @@ class AgentProcess:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             return True
         except subprocess.TimeoutExpired:
+            pass
+        if process_state(proc.pid) in FROZEN_STATES:
+            self.cause = (
+                f"the delivery agent (pid {proc.pid}) was frozen (stopped by a signal such as SIGSTOP, or a debugger) "
+                "at the finish deadline and was killed; run `rllog replay`"
+            )
+        else:
             proc.terminate()
             try:
-                proc.wait(timeout=2)
+                proc.wait(timeout=STOP_GRACE_SECONDS)
+                return False
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            return False
+                pass
+        proc.kill()
+        try:
+            proc.wait(timeout=KILL_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("rllog: the delivery agent (pid %s) did not exit %.1fs after SIGKILL", proc.pid, KILL_WAIT_SECONDS)
+        return False
 
     def wait_while_alive(self, deadline: float) -> None:
         """Block until the agent exits for good or ``deadline``; restarts (by the watcher) are waited through."""
@@ -463,11 +484,27 @@ except ValueError:
     AGENT_NICE = 10
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` from the third on (after the command name, which may hold spaces)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def trainer_cpu(pid: int) -> int | None:
     """The CPU the main thread of process ``pid`` ran on last (``/proc/<pid>/stat``, field 39), or None."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[36])
+        return int(_stat_fields(pid)[36])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+FROZEN_STATES = ("T", "t")  # /proc/<pid>/stat states: stopped by a signal, stopped by a tracer
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T``...; ``/proc/<pid>/stat``, field 3), or None."""
+    try:
+        return _stat_fields(pid)[0]
+    except (OSError, IndexError):
         return None
 
 

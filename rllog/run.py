@@ -509,8 +509,10 @@ class Run(RunBase):
         """Write the end marker, wait up to ``timeout`` s for every sink, and report per sink.
 
         A sink still busy at the deadline is stopped (the agent process is killed); what it has not
-        acknowledged stays in the journal for ``rllog replay``. Calling ``finish`` again, from any
-        thread, returns the same report (a second caller waits for the first).
+        acknowledged stays in the journal for ``rllog replay``. It returns within ``timeout`` plus
+        :data:`rllog.agent.FINISH_OVERRUN_MAX_SECONDS` whatever the agent does (a frozen agent is killed at
+        once), plus the time to read the journal's last records for the report. Calling ``finish`` again,
+        from any thread, returns the same report (a second caller waits for the first).
         """
         if status not in STATUSES:
             raise InvalidArgument(f"status must be one of {STATUSES}, got {status!r}")

@@ -14,6 +14,7 @@ import time
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
 
 import rllog
+import rllog.agent
 import rllog.run
 from rllog import journal
 from rllog.cli import main as cli_main
@@ -63,6 +64,36 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
+
+
+# Above the margin finish allows itself (the old stop waited 2 s for SIGTERM, which a stopped process never acts on).
+FINISH_SLACK_SECONDS = 0.5
+
+
+def test_finish_with_a_frozen_agent_keeps_its_timeout_reports_the_freeze_and_replay_delivers_the_rest(tmp_path):
+    """``finish(timeout=20)`` with the agent stopped by SIGSTOP returned after 22 s; its report blamed the deadline."""
+    run_dir = tmp_path / "r"
+    run = rllog.init(report_to="parquet", run_dir=run_dir, flush_interval=0.05, health=False)
+    for step in range(10):
+        run.log({"x": float(step)}, step=step)
+    assert run.flush(timeout=60).ok
+    agent_pid = run._agent.pid
+    os.kill(agent_pid, signal.SIGSTOP)  # a real freeze: the agent cannot read, deliver or act on SIGTERM
+    for step in range(10, 100):
+        run.log({"x": float(step)}, step=step)
+    timeout = 3.0
+    started = time.monotonic()
+    report = run.finish(timeout=timeout)
+    took = time.monotonic() - started
+    assert report.records == 100
+    parquet = report["parquet"]
+    assert (parquet.state, parquet.delivered, parquet.pending) == ("pending", 10, 90), str(report)
+    assert f"pid {agent_pid}) was frozen" in parquet.error and "killed" in parquet.error
+    assert run._agent.proc.returncode == -signal.SIGKILL  # killed, and reaped: no stopped process left behind
+    assert took < timeout + rllog.agent.FINISH_OVERRUN_MAX_SECONDS + FINISH_SLACK_SECONDS, took
+    assert rllog.read_metrics(run_dir).num_rows == 10
+    assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
+    assert sorted(rllog.read_metrics(run_dir).column("value").to_pylist()) == [float(s) for s in range(100)]
 
 
 def test_tracker_down_for_100k_log_calls_memory_stays_bounded(tmp_path, test_backends):
