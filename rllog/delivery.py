@@ -61,6 +61,18 @@ from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.files import replace_file
 from rllog.journal import Damage, End, JournalReader
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.settings import (  # the tuning constants, each explained there
+    ASKED_FLUSH_MIN_GAP,
+    ASKED_RECORDS_PATIENCE,
+    DEAD_LETTERS_KEPT,
+    FLUSH_WATCH_INTERVAL,
+    LIVE_POLL_MAX,
+    MAX_SUSPECTS,
+    POLL_INTERVAL,
+    RETRY_BASE_SECONDS,
+    RETRY_CAP_SECONDS,
+    RETRY_GIVE_UP_SECONDS,
+)
 from rllog.sink import MetricSink
 
 log = logging.getLogger("rllog.delivery")
@@ -79,18 +91,6 @@ class SinkState:
     BROKEN = (FAILED, GAVE_UP)
 
 
-POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
-LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see live_poll_interval)
-FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look, measured)
-ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
-# For this long after it sees a flush request for records the journal does not hold yet (Run.request_flush writes
-# the request before the journal writer writes them), a caught-up follower reads again every POLL_INTERVAL, not
-# every poll_interval; bounded, as a killed attempt's request may name records that never come.
-ASKED_RECORDS_PATIENCE = 1.0
-MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
-DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
-
-
 @dataclass
 class RetryPolicy:
     """Capped exponential backoff with full jitter, ``Retry-After`` honoured, and a give-up deadline.
@@ -103,9 +103,9 @@ class RetryPolicy:
         random: a source of uniform [0, 1) numbers (injectable for tests).
     """
 
-    base: float = 0.5
-    cap: float = 30.0
-    give_up_after: float | None = 600.0
+    base: float = RETRY_BASE_SECONDS
+    cap: float = RETRY_CAP_SECONDS
+    give_up_after: float | None = RETRY_GIVE_UP_SECONDS
     random: Callable[[], float] = field(default=random.random, repr=False)
 
     def delay(self, attempt: int, error: BaseException) -> float:

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.settings import CONSOLE_FD
 
-CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"  # the trainer's stdout, duplicated by the agent, for a sink that draws on the terminal
+CONSOLE_FD_ENV = CONSOLE_FD.name  # the trainer's stdout, duplicated by the agent, for a sink that draws on the terminal
 
 
 @dataclass(frozen=True)
