@@ -166,7 +166,7 @@ class AgentProcess:
 
     def stop(self, deadline: float) -> bool:
         """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it, within
-        :data:`FINISH_OVERRUN_MAX_SECONDS` of the deadline. True if it exited by itself."""
+        :data:`rllog.settings.FINISH_OVERRUN_MAX_SECONDS` of the deadline. True if it exited by itself."""
         self._stopping.set()
         with self._lock:
             proc = self.proc

@@ -515,7 +515,7 @@ class Run(RunBase):
 
         A sink still busy at the deadline is stopped (the agent process is killed); what it has not
         acknowledged stays in the journal for ``rllog replay``. It returns within ``timeout`` plus
-        :data:`rllog.agent.FINISH_OVERRUN_MAX_SECONDS` whatever the agent does (a frozen agent is killed at
+        :data:`rllog.settings.FINISH_OVERRUN_MAX_SECONDS` whatever the agent does (a frozen agent is killed at
         once), plus the time to read the journal's last records for the report. Calling ``finish`` again,
         from any thread, returns the same report (a second caller waits for the first).
         """
