@@ -99,9 +99,11 @@ def prepare(report_to: Any = None, *, delivery: str = "process", system_metrics:
     if delivery != "process" or global_rank() != 0:
         return False
     names = [item for item in parse_report_to(report_to) if isinstance(item, str)]
-    from rllog import agent
+    from rllog import agent, settings
 
-    return agent.prepare(names, system_interval(system_metrics)) is not None
+    interval = system_interval(system_metrics)
+    settings.check_agent_settings()  # the standby reads them: a bad one is this call's error
+    return agent.prepare(names, interval) is not None
 
 
 def current_run() -> Run | NullRun | None:

@@ -31,7 +31,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rllog import settings
 from rllog.rundir import AGENT_LOG
+from rllog.settings import (
+    CAUGHT_UP_SECONDS,
+    KILL_WAIT_SECONDS,
+    LOCK_WAIT_SECONDS,
+    ORPHAN_TIMEOUT_SECONDS,
+    STARTUP_GC_PAUSE_MAX_SECONDS,
+    STOP_GRACE_SECONDS,
+    SYSTEM_METRICS_INTERVAL,
+)
 from rllog.sink import CONSOLE_FD_ENV
 
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
@@ -44,7 +54,6 @@ class RestartAgent(Exception):
 
 OPTIONS_FROM_STDIN = "--options-stdin"
 STANDBY_ARG = "--standby"
-LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
 
 log = logging.getLogger("rllog.agent")
 
@@ -112,7 +121,7 @@ class AgentProcess:
         >>> agent.stop(deadline=time.monotonic() + 120)
     """
 
-    POLL_SECONDS = 0.2
+    POLL_SECONDS = settings.AGENT_POLL_SECONDS
 
     def __init__(
         self,
@@ -165,7 +174,8 @@ class AgentProcess:
         return self.proc.returncode if self.proc is not None else None
 
     def stop(self, deadline: float) -> bool:
-        """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it. True if it exited by itself."""
+        """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it, within
+        :data:`rllog.settings.FINISH_OVERRUN_MAX_SECONDS` of the deadline. True if it exited by itself."""
         self._stopping.set()
         with self._lock:
             proc = self.proc
@@ -175,13 +185,25 @@ class AgentProcess:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             return True
         except subprocess.TimeoutExpired:
+            pass
+        if process_state(proc.pid) in FROZEN_STATES:
+            self.cause = (
+                f"the delivery agent (pid {proc.pid}) was frozen (stopped by a signal such as SIGSTOP, or a debugger) "
+                "at the finish deadline and was killed; run `rllog replay`"
+            )
+        else:
             proc.terminate()
             try:
-                proc.wait(timeout=2)
+                proc.wait(timeout=STOP_GRACE_SECONDS)
+                return False
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            return False
+                pass
+        proc.kill()
+        try:
+            proc.wait(timeout=KILL_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("rllog: the delivery agent (pid %s) did not exit %.1fs after SIGKILL", proc.pid, KILL_WAIT_SECONDS)
+        return False
 
     def wait_while_alive(self, deadline: float) -> None:
         """Block until the agent exits for good or ``deadline``; restarts (by the watcher) are waited through."""
@@ -242,7 +264,7 @@ class AgentProcess:
         self._started_at = time.monotonic()
         _agents.add(self)
 
-    SINK_CHECK_SECONDS = 5.0
+    SINK_CHECK_SECONDS = settings.SINK_CHECK_SECONDS
 
     def _check_sinks(self) -> None:
         """Say on stderr, once per sink, when a sink fails (its records stay pending for replay), and when its
@@ -478,43 +500,47 @@ def discard_standby() -> None:
         waiting.release()
 
 
-PRIORITY_ENV = "RLLOG_AGENT_PRIORITY"  # "idle" (default): SCHED_IDLE, raised while behind; "nice": nice 10 throughout
-CPUS_ENV = "RLLOG_AGENT_CPUS"  # "auto" (default): off the CPU the trainer runs on; "all": anywhere; or a list, "2,3"
-LAG_MAX_SECONDS = float(
-    os.environ.get("RLLOG_AGENT_LAG_MAX", "30")
-)  # behind by more: compete for the CPU again (nice 10) until caught up
-CAUGHT_UP_SECONDS = 2.0
-try:
-    AGENT_NICE = int(os.environ.get("RLLOG_AGENT_NICE", "10"))  # delivery is background work
-except ValueError:
-    AGENT_NICE = 10
+PRIORITY_ENV = settings.AGENT_PRIORITY.name
+CPUS_ENV = settings.AGENT_CPUS.name
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` from the third on (after the command name, which may hold spaces)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def trainer_cpu(pid: int) -> int | None:
     """The CPU the main thread of process ``pid`` ran on last (``/proc/<pid>/stat``, field 39), or None."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[36])
+        return int(_stat_fields(pid)[36])
     except (OSError, ValueError, IndexError):
         return None
 
 
+FROZEN_STATES = ("T", "t")  # /proc/<pid>/stat states: stopped by a signal, stopped by a tracer
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``T``...; ``/proc/<pid>/stat``, field 3), or None."""
+    try:
+        return _stat_fields(pid)[0]
+    except (OSError, IndexError):
+        return None
+
+
 def agent_cpus(trainer_pid: int | None, setting: str | None = None) -> set[int] | None:
-    """The CPUs the agent should run on (None: leave it where it is), from :data:`CPUS_ENV`.
+    """The CPUs the agent should run on (None: leave it where it is), from ``setting`` or :data:`CPUS_ENV`.
 
     ``auto``: every CPU the trainer may use except the one its main thread is on, if that leaves any. At idle
     priority the agent never takes a CPU from the trainer, but its threads still wake on the trainer's CPU and
     run there between the trainer's time slices (measured: 290-720 preemptions of the training thread in a
     60-step tiny GRPO with five trackers, 0.09-0.18 s waiting; off its CPU, 110-290 and 0.02-0.04 s).
     """
-    setting = (setting if setting is not None else os.environ.get(CPUS_ENV, "auto")).strip().lower() or "auto"
-    if setting == "all" or not hasattr(os, "sched_getaffinity"):
+    cpus = settings.AGENT_CPUS.get() if setting is None else settings.AGENT_CPUS.read(setting)
+    if cpus == "all" or not hasattr(os, "sched_getaffinity"):
         return None
-    if setting != "auto":
-        try:
-            return {int(c) for c in setting.split(",")}
-        except ValueError:
-            log.warning("rllog: %s=%r is not 'auto', 'all' or a list of CPUs; ignored", CPUS_ENV, setting)
-            return None
+    if isinstance(cpus, frozenset):
+        return set(cpus)
     if trainer_pid is None:
         return None
     try:
@@ -556,9 +582,6 @@ def place(cpus: set[int] | None) -> None:
             pass
 
 
-STARTUP_GC_PAUSE_MAX_SECONDS = 60.0  # the collector is back on by then even if a sink is still opening (retrying)
-
-
 class StartupHeap:
     """No garbage collection while the trackers import and open; then their objects are frozen out of it.
 
@@ -598,7 +621,7 @@ class StartupHeap:
 
 class PriorityGovernor:
     """Keeps the agent at idle CPU priority (``SCHED_IDLE``: it runs only on cycles training leaves), and at
-    normal priority (nice 10) while a sink is more than :data:`LAG_MAX_SECONDS` behind, so delivery lag stays bounded
+    normal priority (nice 10) while a sink is more than ``$RLLOG_AGENT_LAG_MAX`` s behind, so delivery lag stays bounded
     even when training keeps every core busy; and off the trainer's CPU (:func:`agent_cpus`), checked every second.
 
     Linux sets the policy per thread: every thread of the agent and of the processes it started (the trackers'
@@ -608,6 +631,7 @@ class PriorityGovernor:
 
     def __init__(self, followers: list, mode: str, trainer_pid: int | None = None):
         self.followers, self.trainer_pid = followers, trainer_pid
+        self.lag_max = settings.AGENT_LAG_MAX.get()
         self.idle = False
         self.cpus: set[int] | None = None
         self._idle_mode = mode == "idle" and hasattr(os, "SCHED_IDLE")
@@ -646,7 +670,7 @@ class PriorityGovernor:
             if not running:
                 return
             lag = time.monotonic() - min(f.caught_up_at for f in running)
-            if self.idle and lag > LAG_MAX_SECONDS:
+            if self.idle and lag > self.lag_max:
                 log.info("rllog: delivery is %.0fs behind; back to normal priority until caught up", lag)
                 self._set(False)
             elif not self.idle and lag < CAUGHT_UP_SECONDS:
@@ -660,7 +684,7 @@ def serve(
     follow: bool,
     parent_pid: int | None,
     only: list[str] | None = None,
-    orphan_timeout: float = 600.0,
+    orphan_timeout: float = ORPHAN_TIMEOUT_SECONDS,
     on_progress: Callable[[str, int], None] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
     heap: StartupHeap | None = None,
@@ -716,7 +740,7 @@ def serve(
             raise
     if follow:
         FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
-        PriorityGovernor(followers, os.environ.get(PRIORITY_ENV, "idle"), parent_pid).start()
+        PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
     orphaned_at = None
     ended: set[str] = set()
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
@@ -744,9 +768,10 @@ def serve(
 
 def _lower_priority(idle: bool) -> None:
     """Delivery is background work: on a machine with few cores the trainer should win the CPU (nice
-    :data:`AGENT_NICE`; with ``idle``, this thread also at ``SCHED_IDLE``)."""
+    ``$RLLOG_AGENT_NICE``; with ``idle``, this thread also at ``SCHED_IDLE``)."""
+    niceness = settings.AGENT_NICE.get()
     try:
-        os.nice(AGENT_NICE)
+        os.nice(niceness)
         if idle and hasattr(os, "SCHED_IDLE"):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (OSError, ValueError):
@@ -805,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
     )
-    parser.add_argument("--orphan-timeout", type=float, default=600.0)
+    parser.add_argument("--orphan-timeout", type=float, default=ORPHAN_TIMEOUT_SECONDS)
     parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
     parser.add_argument(
         STANDBY_ARG,
@@ -817,7 +842,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--system-metrics-fd", type=int, default=None, help="write samples of the trainer (--parent-pid) to this pipe"
     )
-    parser.add_argument("--system-interval", type=float, default=5.0)
+    parser.add_argument("--system-interval", type=float, default=SYSTEM_METRICS_INTERVAL)
     args = parser.parse_args(argv)
     heap = StartupHeap.pause() if args.follow or args.standby else None
     if args.standby:

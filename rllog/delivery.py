@@ -74,6 +74,24 @@ from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.files import replace_file
 from rllog.journal import Damage, End, JournalReader
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.settings import (  # the tuning constants, each explained there
+    ASKED_FLUSH_MIN_GAP,
+    ASKED_RECORDS_PATIENCE,
+    BATCH_BYTES,
+    BATCH_RECORDS,
+    CURSOR_SAVE_RETRY,
+    DEAD_LETTERS_KEPT,
+    FLUSH_DUE_BYTES,
+    FLUSH_DUE_RECORDS,
+    FLUSH_WATCH_INTERVAL,
+    LIVE_POLL_MAX,
+    LOCAL_RETRY_CAP,
+    MAX_SUSPECTS,
+    POLL_INTERVAL,
+    RETRY_BASE_SECONDS,
+    RETRY_CAP_SECONDS,
+    RETRY_GIVE_UP_SECONDS,
+)
 from rllog.sink import MetricSink
 from rllog.sink_errors import is_resource_exhausted
 
@@ -93,29 +111,7 @@ class SinkState:
     BROKEN = (FAILED, GAVE_UP)
 
 
-POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
-LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see live_poll_interval)
-FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look, measured)
-ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
-# For this long after it sees a flush request for records the journal does not hold yet (Run.request_flush writes
-# the request before the journal writer writes them), a caught-up follower reads again every POLL_INTERVAL, not
-# every poll_interval; bounded, as a killed attempt's request may name records that never come.
-ASKED_RECORDS_PATIENCE = 1.0
-# One read of the journal: at most this many records, and this many payload bytes (a larger record alone). A
-# metrics record of 10,000 keys is ~250 KB of JSON and ~2 MB once decoded: bytes, not records, bound the memory.
-BATCH_RECORDS = 1000
-BATCH_BYTES = 4 * 1024 * 1024
-# A sink is flushed once this much was delivered to it since its last flush, whatever the time: a backlog read at
-# full speed is stored in bounded pieces (one append the disk can take), not in one append per flush_interval.
-FLUSH_DUE_RECORDS = 5000
-FLUSH_DUE_BYTES = 8 * 1024 * 1024
-# The longest backoff after this machine ran out of something (memory, descriptors, disk space): it comes back
-# when a thread here frees it, within seconds, and no remote service needs sparing.
-LOCAL_RETRY_CAP = 2.0
 RETRY_NOTE = "retrying since"  # how a cursor's error starts while its follower retries (see Follower._call)
-CURSOR_SAVE_RETRY = 0.5  # the wait between attempts to save a cursor the disk or the process has no room for
-MAX_SUSPECTS = 10  # consecutive records a sink rejects before the sink, not the records, is deemed broken
-DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count stays exact beyond it)
 
 
 @dataclass
@@ -130,9 +126,9 @@ class RetryPolicy:
         random: a source of uniform [0, 1) numbers (injectable for tests).
     """
 
-    base: float = 0.5
-    cap: float = 30.0
-    give_up_after: float | None = 600.0
+    base: float = RETRY_BASE_SECONDS
+    cap: float = RETRY_CAP_SECONDS
+    give_up_after: float | None = RETRY_GIVE_UP_SECONDS
     random: Callable[[], float] = field(default=random.random, repr=False)
 
     def delay(self, attempt: int, error: BaseException) -> float:

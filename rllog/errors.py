@@ -72,6 +72,10 @@ class InvalidArgument(RllogError, ValueError):
     """An argument of ``rllog.init`` (or another rllog call) outside what it accepts, e.g. ``flush_interval=0``."""
 
 
+class InvalidSetting(RllogError, ValueError):
+    """An ``RLLOG_*`` environment variable whose value rllog cannot use (see :mod:`rllog.settings`)."""
+
+
 class ForkedChild(RllogError, RuntimeError):
     """``log``/``log_table``/``finish`` called in a process forked from the one that started the run.
 

@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from rllog.errors import RunDirError
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, TableRecord
+from rllog.settings import WRITER_ALIVE_CHECK_SECONDS
 
 log = logging.getLogger("rllog.journal")
 
@@ -363,7 +364,7 @@ class JournalWriter:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._landed.wait(min(left, 0.05))  # also notices a writer that died
+                self._landed.wait(min(left, WRITER_ALIVE_CHECK_SECONDS))  # also notices a writer that died
         return self.written_seq >= seq
 
     def close(self, status: str, timeout: float | None = None) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rllog import distributed, journal
+from rllog import distributed, journal, settings
 from rllog.delivery import CursorStore, Follower, RetryPolicy
 from rllog.errors import ForkedChild, InvalidArgument, RunDirError, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
@@ -42,6 +42,18 @@ from rllog.rundir import (
     holds_run,
     load_run_info,
     report,
+)
+from rllog.settings import (
+    FLUSH_FAST_POLL_FOR,
+    FLUSH_POLL_SECONDS,
+    FLUSH_SLOW_POLL_SECONDS,
+    JOURNAL_WRITE_INTERVAL,
+    SIGTERM_FINISH_SECONDS,
+    SIGTERM_JOIN_MARGIN_SECONDS,
+    SIGTERM_LOCK_PROBE_SECONDS,
+    SIGTERM_RESEND_SECONDS,
+    SIGTERM_RESENDS,
+    SYSTEM_METRICS_INTERVAL,
 )
 from rllog.values import (
     TableSchemas,
@@ -168,31 +180,20 @@ def _takes_tables(selected: list) -> bool:
 # "continue": as "must", for a run finished cleanly and reopened by the same trainer (a later evaluate() or
 # Lightning stage): the attempt carries on from where the run stopped, so it supersedes nothing of the earlier ones.
 RESUME_MODES = ("allow", "must", "never", "continue")
-# The journal writer hands records to the OS at least this often, so the delivery agent works through them as they
-# come rather than in half-second bursts (the last burst was what a train()'s final flush waited for).
-JOURNAL_WRITE_INTERVAL = 0.05
-# How often ``Run.flush`` reads the sinks' cursors while it waits (a read of six cursor files: ~0.2 ms, on a training
-# thread that has nothing else to do then; every 5 ms added 2.5 ms on average to the end of each train()), and, past
-# FLUSH_FAST_POLL_FOR seconds (a tracker that is slow or retrying), the slower pace that costs next to no CPU.
-FLUSH_POLL_SECONDS = 0.002
-FLUSH_FAST_POLL_FOR = 0.5
-FLUSH_SLOW_POLL_SECONDS = 0.02
-SYSTEM_METRICS_ENV = (
-    "RLLOG_SYSTEM_METRICS"  # "0" turns them off where the code leaves system_metrics unset; a number sets the interval
-)
+SYSTEM_METRICS_ENV = settings.SYSTEM_METRICS.name
 
 
 def system_interval(system_metrics: bool | float | None) -> float | None:
-    """Seconds between samples of the trainer's system metrics, or None for none."""
-    from rllog.system_metrics import DEFAULT_INTERVAL
+    """Seconds between samples of the trainer's system metrics, or None for none (``None``: ``$RLLOG_SYSTEM_METRICS``).
 
+    Raises:
+        InvalidArgument: ``system_metrics`` is not a switch or an interval.
+        InvalidSetting: ``$RLLOG_SYSTEM_METRICS`` is not one either.
+    """
     if system_metrics is None:
-        env = os.environ.get(SYSTEM_METRICS_ENV, "").strip().lower()
-        system_metrics = (
-            False if env in ("0", "false", "off", "no") else (float(env) if env.replace(".", "", 1).isdigit() else True)
-        )
+        system_metrics = settings.SYSTEM_METRICS.get()
     if system_metrics is True:
-        return DEFAULT_INTERVAL
+        return SYSTEM_METRICS_INTERVAL
     if system_metrics is False or system_metrics is None:
         return None
     if isinstance(system_metrics, (int, float)) and math.isfinite(system_metrics) and system_metrics > 0:
@@ -262,6 +263,10 @@ class Run(RunBase):
     ):
         self.flush_interval = _check_options(flush_interval, max_pending, delivery)
         resume = _check_resume(resume, run_id)
+        interval = None
+        if delivery == "process":  # the agent's settings, checked before the run directory is claimed
+            interval = system_interval(system_metrics)
+            settings.check_agent_settings()
         selected = parse_report_to(report_to)
         super().__init__(reduce_across_ranks)
         self._takes_tables = _takes_tables(selected) if self._distributed else True
@@ -352,7 +357,7 @@ class Run(RunBase):
                 self.run_dir,
                 {n: options.get(n, {}) for n in self._named},
                 sink_names=self._named,
-                system_interval=system_interval(system_metrics),
+                system_interval=interval,
                 on_system=self._log_system,
             ).start()
         else:
@@ -509,8 +514,10 @@ class Run(RunBase):
         """Write the end marker, wait up to ``timeout`` s for every sink, and report per sink.
 
         A sink still busy at the deadline is stopped (the agent process is killed); what it has not
-        acknowledged stays in the journal for ``rllog replay``. Calling ``finish`` again, from any
-        thread, returns the same report (a second caller waits for the first).
+        acknowledged stays in the journal for ``rllog replay``. It returns within ``timeout`` plus
+        :data:`rllog.settings.FINISH_OVERRUN_MAX_SECONDS` whatever the agent does (a frozen agent is killed at
+        once), plus the time to read the journal's last records for the report. Calling ``finish`` again,
+        from any thread, returns the same report (a second caller waits for the first).
         """
         if status not in STATUSES:
             raise InvalidArgument(f"status must be one of {STATUSES}, got {status!r}")
@@ -714,14 +721,6 @@ def _factory(name: str, options: Mapping[str, Any] | None) -> Callable[[], Any]:
 
 _live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _previous_sigterm: Any = None
-SIGTERM_FINISH_SECONDS = 30.0  # how long the SIGTERM handler waits for each run's trackers
-# A SIGTERM that lands while the main thread holds a run's lock is sent again this much later (log() holds it for
-# microseconds), at most SIGTERM_RESENDS times; another thread holds it as briefly, so a lock still taken after
-# SIGTERM_LOCK_PROBE_SECONDS is the main thread's own.
-SIGTERM_RESEND_SECONDS = 0.01
-SIGTERM_RESENDS = 1000  # ~10-20 s: long enough for another thread's scan of a big journal under _scan_lock
-SIGTERM_LOCK_PROBE_SECONDS = 0.005
-SIGTERM_JOIN_MARGIN_SECONDS = 5.0
 _handling_sigterm = False
 _deferred_sigterm: tuple[int, Any] | None = None  # a SIGTERM that interrupted the main thread's own finish()
 _sigterm_resends = 0

@@ -27,6 +27,7 @@ from rllog.delivery import CursorStore, SinkState
 from rllog.errors import RunDirError
 from rllog.files import replace_file
 from rllog.records import RunInfo
+from rllog.settings import RUNS_DIR
 
 RUN_FILE = "run.json"
 AGENT_LOG = "agent.log"
@@ -93,14 +94,14 @@ def load_run_info(run_dir: str | os.PathLike) -> tuple[RunInfo, RunFile]:
 
 def default_run_dir(name: str | None, run_id: str) -> Path:
     """``$RLLOG_DIR`` (or ``rllog_runs``) ``/<YYYYmmdd-HHMMSS>-<name>-<run_id>``, or ``-<run_id>`` alone without a name."""
-    base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
+    base = RUNS_DIR.get()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return base / (f"{stamp}-{name}-{run_id}" if name else f"{stamp}-{run_id}")
 
 
 def find_run(run_id: str) -> Path | None:
     """The run directory holding run ``run_id`` under the runs root (``$RLLOG_DIR`` or ``rllog_runs``), if any."""
-    base = Path(os.environ.get("RLLOG_DIR", "rllog_runs"))
+    base = RUNS_DIR.get()
     for candidate in sorted(base.glob(f"*{run_id}")) if base.is_dir() else []:
         try:
             if RunFile.read(candidate).run_id == run_id:

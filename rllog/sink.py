@@ -32,9 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import MetricsRecord, RunInfo
+from rllog.settings import CONSOLE_FD
 
-CONSOLE_FD_ENV = "RLLOG_CONSOLE_FD"  # the trainer's stdout, duplicated by the agent, for a sink that draws on the terminal
+CONSOLE_FD_ENV = CONSOLE_FD.name  # the trainer's stdout, duplicated by the agent, for a sink that draws on the terminal
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,11 @@ class MetricSink(Protocol):
     """A delivery target for one tracker: ``capabilities``, ``open``, ``write_metrics`` and ``close``.
 
     The other members are optional, and what a sink takes is said one way, by ``capabilities``:
-    ``write_table(record)`` when ``capabilities.tables``, ``write_alert(record)`` when
-    ``capabilities.alerts``. ``flush()`` may be left out (a sink that writes through has nothing to
-    flush; delivery then treats its writes as flushed when they return).
+    ``write_table(record: TableRecord)`` when ``capabilities.tables``, ``write_alert(record: AlertRecord)``
+    when ``capabilities.alerts``, ``write_config(record: ConfigRecord)`` (config given after ``open``,
+    ``Run.update_config``) when ``capabilities.config``. ``flush()`` may be left out (a sink that writes
+    through has nothing to flush; delivery then treats its writes as flushed when they return).
+    docs/sink-protocol.md has the whole contract.
     """
 
     capabilities: Capabilities
@@ -76,34 +79,6 @@ class MetricSink(Protocol):
 
     def close(self, status: str) -> None:
         """End the tracker's run with ``status``: ``finished``, ``failed`` or ``killed``. Flushes first."""
-
-
-class TableSink(MetricSink, Protocol):
-    """A sink with ``capabilities.tables``."""
-
-    def write_table(self, record: TableRecord) -> None:
-        """Write one table at ``record.step``."""
-
-
-class AlertSink(MetricSink, Protocol):
-    """A sink with ``capabilities.alerts``: it also receives health alerts."""
-
-    def write_alert(self, record: AlertRecord) -> None:
-        """Show or store one alert (step, rule, metric, value, message, level)."""
-
-
-class ConfigSink(MetricSink, Protocol):
-    """A sink with ``capabilities.config`` that also takes config given after ``open`` (``Run.update_config``)."""
-
-    def write_config(self, record: ConfigRecord) -> None:
-        """Record ``record.values`` (flattened, redacted) as added or changed hyperparameters."""
-
-
-class FlushingSink(MetricSink, Protocol):
-    """A sink that buffers: ``flush`` makes what was written durable/visible in the tracker."""
-
-    def flush(self) -> None:
-        """Make what was written so far durable/visible in the tracker."""
 
 
 def sink_problem(sink: object) -> str | None:

@@ -31,7 +31,6 @@ from typing import Any
 log = logging.getLogger("rllog.system")
 
 PREFIX = "system/"
-DEFAULT_INTERVAL = 5.0
 
 
 class SystemSampler:

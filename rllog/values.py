@@ -29,6 +29,13 @@ REDACTED = "***REDACTED***"
 # A table name's length once percent-encoded: the Parquet store names a directory after it, and file systems allow
 # 255 bytes for a name (a longer one failed the whole sink inside delivery: "File name too long").
 MAX_TABLE_NAME_ENCODED = 255
+# How many levels of dicts and lists a metric, a table cell or a config may nest. Deeper, or a value that contains
+# itself (which nests forever), is refused at the call: walking it would exceed Python's recursion limit (1,000
+# frames, a bare RecursionError), pyarrow crashes the process on a table cell that contains itself, and Parquet
+# reads back at most ~120 levels of nested struct. Real configs nest a few levels (TrainingArguments: 3).
+MAX_NESTING_DEPTH = 100
+# Containers a too-deep value's check walks to tell "contains itself" from "deep" (the error path only).
+SELF_REFERENCE_WALK_LIMIT = 10_000
 
 
 def table_dir_name(name: str) -> str:
@@ -78,18 +85,26 @@ def flatten(values: Mapping[str, Any], prefix: str = "", into: dict[str, Any] | 
 
     Raises:
         InvalidKey: two entries flatten to one name (``{"a/b": 1, "a": {"b": 2}}``), or a bad name.
-        InvalidValue: ``values`` is not a mapping.
+        InvalidValue: ``values`` is not a mapping, or nests more than :data:`MAX_NESTING_DEPTH` levels
+            (or contains itself).
     """
     if type(values) is not dict and not isinstance(values, Mapping):
         raise InvalidValue(f"log() takes a dict of metrics, got {type(values).__name__}")
     flat: dict[str, Any] = {} if into is None else into
+    _flatten_into(values, prefix, flat, 1)
+    return flat
+
+
+def _flatten_into(values: Mapping[str, Any], prefix: str, flat: dict[str, Any], depth: int) -> None:
     for key, value in values.items():
         if type(key) is str and key and key.isascii():  # the common case, checked inline (hot path)
             name = prefix + key if prefix else key
         else:
             name = _name(prefix, key)
         if type(value) is dict or (type(value) not in _SCALARS and isinstance(value, Mapping)):
-            flatten(value, name + "/", flat)
+            if depth >= MAX_NESTING_DEPTH:
+                raise InvalidValue(_too_deep(f"metric {name!r}", value))
+            _flatten_into(value, name + "/", flat, depth + 1)
         elif name in flat:
             raise InvalidKey(
                 f"metric {name!r} is given twice once nested dicts are flattened with '/' (e.g. {{'a/b': 1, 'a': {{'b': 2}}}}); "
@@ -97,7 +112,53 @@ def flatten(values: Mapping[str, Any], prefix: str = "", into: dict[str, Any] | 
             )
         else:
             flat[name] = value
-    return flat
+
+
+def _children(value: Any) -> Any:
+    """The values inside a dict or list (tuple, set), for the nesting checks; () for anything else."""
+    if isinstance(value, Mapping):
+        return value.values()
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return value
+    return ()
+
+
+def _contains_itself(value: Any) -> bool:
+    """Whether ``value`` is reachable from inside itself (walked without recursion, at most
+    :data:`SELF_REFERENCE_WALK_LIMIT` containers)."""
+    seen: set[int] = set()
+    stack = list(_children(value))
+    while stack and len(seen) < SELF_REFERENCE_WALK_LIMIT:
+        item = stack.pop()
+        if item is value:
+            return True
+        if id(item) not in seen and _children(item):
+            seen.add(id(item))
+            stack.extend(_children(item))
+    return False
+
+
+def _too_deep(what: str, value: Any) -> str:
+    """Why a value nested past :data:`MAX_NESTING_DEPTH` is refused; ``value`` is the container at that depth."""
+    what = what if len(what) <= 200 else what[:150] + "..." + what[-40:]
+    if _contains_itself(value):
+        return f"{what} contains itself (a dict or list that refers to itself nests forever); log plain values"
+    return f"{what} nests more than {MAX_NESTING_DEPTH} levels of dicts or lists (MAX_NESTING_DEPTH); log a flatter value"
+
+
+def check_nesting(what: str, value: Any) -> None:
+    """Raise unless ``value`` (a table cell) nests at most :data:`MAX_NESTING_DEPTH` levels of dicts and lists.
+
+    Raises:
+        InvalidValue: deeper, or a value that contains itself; the message names ``what``.
+    """
+    level, depth = [value], 1
+    while level:
+        # one entry per container object: a value that holds one list twice, or itself, does not multiply its level
+        inner = list({id(child): child for item in level for child in _children(item) if _children(child)}.values())
+        if inner and depth >= MAX_NESTING_DEPTH:
+            raise InvalidValue(_too_deep(what, inner[0]))
+        level, depth = inner, depth + 1
 
 
 _SCALARS = (float, int, bool)
@@ -231,14 +292,22 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
             columns = {str(k): (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in table.items()}
             if len(columns) != len(table):
                 raise InvalidTable(f"table {name!r}: two column names are equal as text ({list(table)})")
+            for column, cells in columns.items():
+                _check_cells(name, column, cells)
             lengths = {k: len(v) for k, v in columns.items()}
             if len(set(lengths.values())) > 1:
                 detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
                 raise InvalidTable(f"table {name!r}: columns have different lengths ({detail})")
             result = pa.table(columns)
         elif isinstance(table, list) and all(isinstance(row, Mapping) for row in table):
+            for i, row in enumerate(table):
+                for column, cell in row.items():
+                    _check_cells(name, str(column), [cell], first_row=i)
             result = pa.Table.from_pylist([{str(k): v for k, v in row.items()} for row in table])
         elif type(table).__name__ == "DataFrame" and hasattr(table, "to_dict"):
+            for column in table.columns:
+                if table[column].dtype == object:  # Python objects: dicts and lists among them
+                    _check_cells(name, str(column), table[column].tolist())
             result = pa.Table.from_pandas(table, preserve_index=False)
         else:
             raise InvalidTable(
@@ -261,6 +330,26 @@ def to_arrow_table(name: str, table: Any) -> pa.Table:
     if len(set(result.column_names)) != result.num_columns:
         raise InvalidTable(f"table {name!r}: duplicate column names {result.column_names}")
     return result
+
+
+_FLAT_CELLS = frozenset((str, int, float, bool, bytes, type(None)))
+
+
+def _check_cells(name: str, column: str, cells: list, first_row: int = 0) -> None:
+    """Raise unless every dict or list among ``cells`` nests at most :data:`MAX_NESTING_DEPTH` levels: pyarrow
+    would crash the process on a cell that contains itself.
+
+    Raises:
+        InvalidTable: naming the table, the column and the row.
+    """
+    if _FLAT_CELLS.issuperset(map(type, cells)):  # the common case, checked with a C-level loop
+        return
+    for row, cell in enumerate(cells, first_row):
+        if type(cell) not in _FLAT_CELLS and _children(cell):
+            try:
+                check_nesting(f"table {name!r}, column {column!r}, row {row}:", cell)
+            except InvalidValue as exc:
+                raise InvalidTable(str(exc)) from None
 
 
 def _clean_text(value: Any) -> Any:
@@ -447,7 +536,7 @@ def _parquet_refusal(schema: pa.Schema) -> str | None:
     try:
         pq.write_table(schema.empty_table(), sink)
         pq.read_table(pa.BufferReader(sink.getvalue()))
-    except (pa.ArrowException, ValueError, TypeError) as exc:
+    except (pa.ArrowException, ValueError, TypeError, OSError) as exc:  # OSError: a struct nested past what it reads back
         return f"{type(exc).__name__}: {exc}"
     return None
 
@@ -590,15 +679,24 @@ def _keeps_no_secret(value: Any) -> bool:
 
 
 def _as_mapping(config: Any) -> Mapping | None:
-    """A config object's fields: a dataclass, a pydantic model or anything with ``to_dict()``; else None."""
+    """A config object's fields: a dataclass, a pydantic model or anything with ``to_dict()``; else None.
+
+    Raises:
+        InvalidValue: converting it recursed without end (``asdict`` of a dataclass that holds itself).
+    """
     if isinstance(config, Mapping):
         return config
-    if hasattr(config, "to_dict") and not isinstance(config, type):
-        return config.to_dict()
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        return dataclasses.asdict(config)
-    if hasattr(config, "model_dump") and not isinstance(config, type):  # pydantic (wandb.Settings)
-        return config.model_dump()
+    try:
+        if hasattr(config, "to_dict") and not isinstance(config, type):
+            return config.to_dict()
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            return dataclasses.asdict(config)
+        if hasattr(config, "model_dump") and not isinstance(config, type):  # pydantic (wandb.Settings)
+            return config.model_dump()
+    except RecursionError:
+        raise InvalidValue(
+            f"a {type(config).__name__} cannot be turned into a dict: it nests too deep or contains itself"
+        ) from None
     return None
 
 
@@ -613,19 +711,32 @@ def redact(value: Any) -> Any:
     Example:
         >>> redact({"wandb": {"settings": {"api_key": "k" * 40}, "project": "p"}})
         {'wandb': {'settings': {'api_key': '***REDACTED***'}, 'project': 'p'}}
+
+    Raises:
+        InvalidValue: ``value`` nests more than :data:`MAX_NESTING_DEPTH` levels, or contains itself.
     """
+    return _redact(value, "", 1)
+
+
+def _redact(value: Any, path: str, depth: int) -> Any:
+    """:func:`redact` of ``value``, found at key path ``path`` (``a/b[0]``), ``depth`` levels down."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, (bytes, bytearray)):
         return redact_text(bytes(value).decode("utf-8", "replace"))
+    if depth > MAX_NESTING_DEPTH:
+        raise InvalidValue(_too_deep(f"the value at {path!r}", value))
     if isinstance(value, (list, tuple, set, frozenset)):
-        return [redact(item) for item in value]
+        return [_redact(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
     mapping = _as_mapping(value)
     if mapping is not None:
         return {
-            str(k): (v if _keeps_no_secret(v) else REDACTED) if is_secret_key(str(k)) else redact(v) for k, v in mapping.items()
+            str(k): (v if _keeps_no_secret(v) else REDACTED)
+            if is_secret_key(str(k))
+            else _redact(v, f"{path}/{k}" if path else str(k), depth + 1)
+            for k, v in mapping.items()
         }
     return redact_text(str(value))
 
@@ -636,7 +747,14 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
 
     Values are kept when they are JSON scalars, otherwise stringified (after redaction). With ``keep_lists``,
     a list (tuple, set) of JSON scalars stays a list (``report_to: ["wandb"]``), for the trackers that take lists.
+
+    Raises:
+        InvalidValue: not a config, or nested more than :data:`MAX_NESTING_DEPTH` levels (or containing itself).
     """
+    return _flatten_config(config, prefix, keep_lists, 1)
+
+
+def _flatten_config(config: Any, prefix: str, keep_lists: bool, depth: int) -> dict[str, Any]:
     if config is None:
         return {}
     mapping = _as_mapping(config)
@@ -650,7 +768,9 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
         if is_secret_key(str(key)) and not _keeps_no_secret(value):
             flat[name] = REDACTED
         elif (fields := _nested_config(value)) is not None:
-            flat.update(flatten_config(fields, name + "/", keep_lists))
+            if depth >= MAX_NESTING_DEPTH:
+                raise InvalidValue(_too_deep(f"config key {name!r}", value))
+            flat.update(_flatten_config(fields, name + "/", keep_lists, depth + 1))
         elif value is None or isinstance(value, (bool, int)):
             flat[name] = value
         elif isinstance(value, float):
@@ -658,7 +778,7 @@ def flatten_config(config: Any, prefix: str = "", keep_lists: bool = False) -> d
         elif isinstance(value, str):
             flat[name] = redact_text(value)
         elif isinstance(value, (list, tuple, set, frozenset)):  # redacted item by item (a dict in a list has keys too)
-            redacted = redact(value)
+            redacted = _redact(value, f"config/{name}", depth + 1)
             if keep_lists and all(_is_json_scalar(item) for item in redacted):
                 flat[name] = redacted
             else:

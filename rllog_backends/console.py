@@ -39,10 +39,9 @@ from typing import Any
 
 from rllog.catalog import crucial_keys, format_range, health, lookup
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.sink import CONSOLE_FD_ENV, Capabilities
+from rllog.sink import CONSOLE_FD, Capabilities
 from rllog.sink_errors import is_disk_full, map_errors
 
-ENV_FD = CONSOLE_FD_ENV
 HEALTH_STYLE = {"ok": "green", "unhealthy": "bold red", None: ""}
 LEVEL_STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -124,12 +123,12 @@ class ConsoleSink:
     def _make_console(self):
         from rich.console import Console
 
-        fd = os.environ.get(ENV_FD)
-        if fd:
+        fd = CONSOLE_FD.get()
+        if fd is not None:
             try:
-                self._file = os.fdopen(int(fd), "w", buffering=1, closefd=False)
+                self._file = os.fdopen(fd, "w", buffering=1, closefd=False)
                 return Console(file=self._file)
-            except (OSError, ValueError):
+            except OSError:  # the descriptor is closed: the trainer's stdout is gone
                 self._file = None
         return Console(file=sys.stdout)
 

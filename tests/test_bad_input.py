@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -17,6 +19,8 @@ import pytest
 import rllog
 from rllog import journal
 from rllog.errors import InvalidKey, InvalidStep, InvalidTable, InvalidValue, RllogError, RunDirError, RunFinished
+from rllog.rundir import RunFile
+from rllog.values import MAX_NESTING_DEPTH
 
 torch = pytest.importorskip("torch")
 
@@ -363,3 +367,98 @@ def test_an_int_beyond_a_floats_range_is_an_invalid_value_naming_the_key(tmp_pat
     with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False) as run:
         with pytest.raises(InvalidValue, match="beyond a float's range"):
             run.log(values)
+
+
+# -- values nested past MAX_NESTING_DEPTH, or containing themselves -------------------------------------
+def _nested(levels: int) -> dict:
+    """A dict ``levels`` dicts deep, ``{"k": {"k": ... {"v": 1.0}}}``, built without recursion."""
+    value: dict = {"v": 1.0}
+    for _ in range(levels - 1):
+        value = {"k": value}
+    return value
+
+
+def _self_referencing_dict() -> dict:
+    value: dict = {"x": 1.0}
+    value["me"] = value
+    return value
+
+
+def _self_referencing_list() -> list:
+    value: list = [1.0]
+    value.append(value)
+    return value
+
+
+TOO_DEEP = [
+    ("1200_levels", lambda: _nested(1_200), f"nests more than {MAX_NESTING_DEPTH} levels", "'outer/k/k/k/"),
+    ("self_reference", _self_referencing_dict, "contains itself", "'outer/me/me/me/"),
+]
+
+
+@pytest.mark.parametrize("make, why, path", [c[1:] for c in TOO_DEEP], ids=[c[0] for c in TOO_DEEP])
+def test_metrics_and_config_nested_too_deep_or_containing_themselves_are_invalid_values_naming_the_key_path(
+    tmp_path, make, why, path
+):
+    """A dict nested 1,200 deep (or one that contains itself) raised a bare RecursionError from flatten."""
+    with pytest.raises(InvalidValue, match=why) as raised:
+        rllog.init(report_to="parquet", run_dir=tmp_path / "refused", health=False, config={"outer": make()})
+    assert path in str(raised.value)
+    assert not (tmp_path / "refused").exists()  # refused before the run directory is claimed
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False, config={"lr": 0.1}) as run:
+        with pytest.raises(InvalidValue, match=why) as raised:
+            run.log({"outer": make(), "fine": 1.0}, step=0)
+        assert path in str(raised.value)
+        with pytest.raises(InvalidValue, match=why) as raised:
+            run.update_config({"outer": make()})
+        assert path in str(raised.value)
+        with pytest.raises(InvalidValue, match="contains itself") as raised:
+            run.update_config({"outer": [1, _self_referencing_list()]})
+        assert "config/outer[1][1][1]" in str(raised.value)
+        run.log({"outer": _nested(MAX_NESTING_DEPTH - 1)}, step=1)  # MAX_NESTING_DEPTH levels with "outer": accepted
+        run.update_config({"deep": _nested(MAX_NESTING_DEPTH - 1)})
+    rows = rllog.read_metrics(tmp_path / "r").to_pylist()
+    assert [(r["key"], r["step"]) for r in rows] == [("outer/" + "k/" * (MAX_NESTING_DEPTH - 2) + "v", 1)]
+    config = RunFile.read(tmp_path / "r").config
+    assert config["lr"] == 0.1 and config["deep/" + "k/" * (MAX_NESTING_DEPTH - 2) + "v"] == 1.0
+    assert not [k for k in config if k.startswith("outer")]
+
+
+def test_table_cells_nested_too_deep_are_refused_naming_table_column_and_row(run):
+    with pytest.raises(InvalidTable, match=rf"table 't', column 'c', row 1: nests more than {MAX_NESTING_DEPTH} levels"):
+        run.log_table("t", {"c": [{"a": 1}, _nested(1_200)]})
+    with pytest.raises(InvalidTable, match=r"column 'c', row 0: nests more than"):
+        run.log_table("t", [{"c": _nested(MAX_NESTING_DEPTH + 1)}])
+    with pytest.raises(InvalidTable, match=r"column 'c', row 0: nests more than"):
+        run.log_table("t", pd.DataFrame({"c": [_nested(MAX_NESTING_DEPTH + 1)]}))
+    # An Arrow struct deeper than Parquet reads back raised a bare OSError ("Invalid flatbuffers message").
+    with pytest.raises(InvalidTable, match="parquet cannot store"):
+        run.log_table("t", pa.table({"c": pa.array([_nested(130)])}))
+    run.log_table("t", {"c": [_nested(20)]}, step=0)
+    report = run.finish()
+    assert report.ok, str(report)
+    assert rllog.read_table(run.run_dir, "t").num_rows == 1
+
+
+SELF_REFERENCING_CELLS = r"""
+import sys, rllog
+from rllog.errors import InvalidTable
+cell = {"x": 1}
+cell["me"] = cell
+with rllog.init(report_to="parquet", run_dir=sys.argv[1], health=False) as run:
+    for table in ({"c": [cell]}, [{"c": cell}], {"c": [[1, cell]]}):
+        try:
+            run.log_table("t", table, step=0)
+        except InvalidTable as exc:
+            print(exc)
+    run.log_table("t", {"c": [{"x": 1}]}, step=0)
+"""
+
+
+def test_a_table_cell_that_contains_itself_is_refused_not_a_crash_of_the_trainer(tmp_path):
+    """pyarrow converting a cell that contains itself killed the process (SIGSEGV); run in a child to see it."""
+    done = subprocess.run([sys.executable, "-c", SELF_REFERENCING_CELLS, str(tmp_path / "r")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all("column 'c', row 0: contains itself" in line for line in lines), lines
+    assert rllog.read_table(tmp_path / "r", "t").column("c").to_pylist() == [{"x": 1}]

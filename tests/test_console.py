@@ -14,7 +14,7 @@ from rich.console import Console
 import rllog
 from rllog import registry
 from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.sink import AlertSink, MetricSink
+from rllog.sink import MetricSink, sink_problem
 from rllog_backends.console import ConsoleSink, fmt_duration, fmt_value
 
 INFO = RunInfo("grpo-math", "run-7", "/tmp/run-7", "abcd1234")
@@ -59,7 +59,7 @@ def last_panel(text: str) -> str:
 
 def test_live_panel_with_progress_eta_coloured_metrics_and_alerts():
     sink, console = live_sink(total_steps=100)
-    assert isinstance(sink, AlertSink) and sink.capabilities.alerts
+    assert sink_problem(sink) is None and sink.capabilities.alerts  # declares alerts and has write_alert
     sink.open(INFO)
     assert sink.is_live
     sink.write_metrics(records(range(0, 41)))

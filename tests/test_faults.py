@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
+from sinks import wait_until
 
 import rllog
 import rllog.run
-from rllog import journal
+from rllog import journal, settings
 from rllog.cli import main as cli_main
 from rllog.delivery import RetryPolicy
 
@@ -63,6 +65,47 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
+
+
+def _state(pid: int, tid: str) -> str:
+    """The state letter of thread ``tid`` of process ``pid`` (``T``: stopped; empty for a thread that has ended)."""
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+# Above the margin finish allows itself (the old stop waited 2 s for SIGTERM, which a stopped process never acts on).
+FINISH_SLACK_SECONDS = 0.5
+
+
+def test_finish_with_a_frozen_agent_keeps_its_timeout_reports_the_freeze_and_replay_delivers_the_rest(tmp_path):
+    """``finish(timeout=20)`` with the agent stopped by SIGSTOP returned after 22 s; its report blamed the deadline."""
+    run_dir = tmp_path / "r"
+    run = rllog.init(report_to="parquet", run_dir=run_dir, flush_interval=0.05, health=False)
+    for step in range(10):
+        run.log({"x": float(step)}, step=step)
+    assert run.flush(timeout=60).ok
+    agent_pid = run._agent.pid
+    os.kill(agent_pid, signal.SIGSTOP)  # a real freeze: the agent cannot read, deliver or act on SIGTERM
+    # The stop takes effect when the thread the kernel chose runs, which at idle priority on a busy machine can be
+    # after a few milliseconds: wait until every thread of the agent is stopped.
+    assert wait_until(lambda: all(_state(agent_pid, tid) == "T" for tid in os.listdir(f"/proc/{agent_pid}/task")), 30)
+    for step in range(10, 100):
+        run.log({"x": float(step)}, step=step)
+    timeout = 3.0
+    started = time.monotonic()
+    report = run.finish(timeout=timeout)
+    took = time.monotonic() - started
+    assert report.records == 100
+    parquet = report["parquet"]
+    assert (parquet.state, parquet.delivered, parquet.pending) == ("pending", 10, 90), str(report)
+    assert f"pid {agent_pid}) was frozen" in parquet.error and "killed" in parquet.error
+    assert run._agent.proc.returncode == -signal.SIGKILL  # killed, and reaped: no stopped process left behind
+    assert took < timeout + settings.FINISH_OVERRUN_MAX_SECONDS + FINISH_SLACK_SECONDS, took
+    assert rllog.read_metrics(run_dir).num_rows == 10
+    assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
+    assert sorted(rllog.read_metrics(run_dir).column("value").to_pylist()) == [float(s) for s in range(100)]
 
 
 def test_tracker_down_for_100k_log_calls_memory_stays_bounded(tmp_path, test_backends):

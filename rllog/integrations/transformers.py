@@ -305,7 +305,7 @@ class RLLogCallback(TrainerCallback):
             rllog._make_current(self.run)
         return self.run
 
-    def _new_run_for_a_trial(self, state: Any) -> None:
+    def _end_run_for_trial(self, state: Any) -> None:
         """At each trial of a hyperparameter search (``train(trial=...)``): end the run this callback started, so that
         :meth:`start` starts a run of the trial's own, as transformers' wandb, trackio and MLflow callbacks do.
 
@@ -317,7 +317,7 @@ class RLLogCallback(TrainerCallback):
             self.run.finish("failed" if self._training else self._release.status)
         self.run, self._release = None, None
 
-    def _continue_the_checkpoints_run(self, state: Any) -> None:
+    def _end_run_for_checkpoint_resume(self, state: Any) -> None:
         """At a ``train()`` that resumes from a checkpoint naming a run: end the run this callback has open, so that
         :meth:`start` continues the checkpoint's run as a new attempt, as a resume in a fresh process does.
 
@@ -415,8 +415,8 @@ class RLLogCallback(TrainerCallback):
     # -- the trainer's events --------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.is_world_process_zero:
-            self._new_run_for_a_trial(state)
-            self._continue_the_checkpoints_run(state)
+            self._end_run_for_trial(state)
+            self._end_run_for_checkpoint_resume(state)
         self._clock.state = state
         self._clock.in_step = False  # a train() that raised left it set
         self._training = True
@@ -450,7 +450,7 @@ class RLLogCallback(TrainerCallback):
         self._training = False
         self._clock.in_step = False
 
-    def end_a_train_that_raised(self) -> None:
+    def end_raised_train(self) -> None:
         """Outside ``train()``, end a ``train()`` that raised without :meth:`train_raised` (a plain Trainer's):
         left as it was, ``_training`` made a later ``evaluate()`` skip its flush request, and the clock stayed in
         the failed step, so a step-less ``rllog.log`` landed one step too high."""
@@ -459,15 +459,15 @@ class RLLogCallback(TrainerCallback):
 
     def on_prediction_step(self, args, state, control, **kwargs):
         if self._clock.in_step:  # never so in an evaluation during training: it runs between steps
-            self.end_a_train_that_raised()
+            self.end_raised_train()
 
     def on_evaluate(self, args, state, control, **kwargs):
-        self.end_a_train_that_raised()
+        self.end_raised_train()
         if state.is_world_process_zero and not self._training:  # during training the end of train() asks
             self._ask_for_flush()
 
     def on_predict(self, args, state, control, metrics=None, **kwargs):
-        self.end_a_train_that_raised()
+        self.end_raised_train()
         if state.is_world_process_zero and metrics:
             self.on_log(args, state, control, logs=metrics, model=kwargs.get("model"))
             if not self._training:

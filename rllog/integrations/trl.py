@@ -237,7 +237,7 @@ class RLLogMixin(_TrainerBase):
 
     def evaluate(self, *args: Any, **kwargs: Any):
         # reward functions may rllog.log() during it, on every process: each needs a current run
-        self.rllog_callback.end_a_train_that_raised()
+        self.rllog_callback.end_raised_train()
         if self.accelerator.is_main_process:
             self.rllog_callback.start(self.args, self.model, self.state)
         else:
