@@ -140,7 +140,7 @@ EXIT_BUSY = 75  # EX_TEMPFAIL: another process is delivering to that sink of tha
 def _repair_parquet(run_dir: str) -> None:
     """Finish what an agent killed inside the Parquet store's close-time merge left, holding the sink's lock (a
     replay with nothing to deliver never opens the sink)."""
-    from rllog.delivery import CursorStore
+    from rllog.delivery import CursorStore, SinkState
     from rllog_backends.parquet import repair, store_dir
 
     directory = store_dir(run_dir)
@@ -148,14 +148,15 @@ def _repair_parquet(run_dir: str) -> None:
         return
     from rllog.errors import TransientError
 
-    lock = CursorStore(run_dir, "parquet")
-    lock.acquire()
+    cursor = CursorStore(run_dir, "parquet")
+    cursor.acquire()
     try:
-        repair(directory)
+        saved = cursor.load()
+        repair(directory, saved.status if saved.state == SinkState.CLOSED else None)
     except TransientError as exc:  # a full disk: the store stays readable as it is; the next replay finishes it
         console.print(f"[yellow]parquet: the store's unfinished merge is left for later ({exc})[/yellow]")
     finally:
-        lock.release()
+        cursor.release()
 
 
 def cmd_replay(args) -> int:

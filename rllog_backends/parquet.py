@@ -86,20 +86,26 @@ def store_directories(directory: Path) -> list[Path]:
     return [d for d in found if d.is_dir()]
 
 
-def repair(directory: Path) -> None:
-    """Finish what a writer killed at close left in a finished run's store (``rllog replay`` calls it, holding the
-    sink's lock): leftover temporary files are removed, tails become parts, and each directory is merged into one
-    part. A running run's store is only tidied (its writer merges in tiers)."""
-    try:
-        finished = json.loads((directory / META_FILE).read_text()).get("status") not in (None, "running")
-    except (FileNotFoundError, ValueError):
-        finished = False
+def repair(directory: Path, status: str | None) -> None:
+    """Finish what a writer killed at close left in a store (``rllog replay`` calls it, holding the sink's lock):
+    leftover temporary files and files a merge replaced are removed; for a run that ended (``status``, from the
+    end of its journal) tails become parts, each directory is merged into one part, and ``meta.json`` says the
+    status. A running run's store is only tidied (its writer merges in tiers)."""
     with _disk_errors():
         for path in store_directories(directory):
             store = PartStore(path, "_seq" if path.parent.name == "tables" else "seq")
             store.open()
-            if finished:
+            if status is not None:
                 store.close()
+        meta_path = directory / META_FILE
+        if status is not None and meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text())
+            except ValueError:
+                return
+            if meta.get("status") == "running":
+                meta["status"] = status
+                _replace_meta(directory, meta)
 
 
 def table_name(dir_name: str) -> str:
@@ -438,9 +444,13 @@ class ParquetSink:
         return self.directory.joinpath(*parts)
 
     def _write_meta(self) -> None:
-        tmp = self._dir(f".{META_FILE}.tmp")
-        tmp.write_text(json.dumps(self._meta, indent=1, default=str))
-        os.replace(tmp, self._dir(META_FILE))
+        _replace_meta(self._dir(), self._meta)
+
+
+def _replace_meta(directory: Path, meta: dict) -> None:
+    tmp = directory / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, default=str))
+    os.replace(tmp, directory / META_FILE)
 
 
 class _disk_errors:
