@@ -407,7 +407,7 @@ class ParquetSink:
         free = free_bytes(self.directory)
         if free is not None and free < JOURNAL_RESERVE_MIN_BYTES:
             raise TransientError(
-                f"disk low: {free} bytes free in {self.directory}, under the {JOURNAL_RESERVE_MIN_BYTES} left to the run's journal"
+                f"disk full: {free} bytes free in {self.directory}, under the {JOURNAL_RESERVE_MIN_BYTES} kept for the run's journal"
             )
 
     def _make_room_for_a_tail(self, store: PartStore) -> None:
