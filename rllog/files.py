@@ -72,8 +72,9 @@ def replace_file(path: Path, text: str) -> None:
 # The journal is the run's source of truth and shares its disk with what is derived from it (the Parquet store,
 # cursor files, trackers' files). Its writer keeps JOURNAL_RESERVE_BYTES allocated ahead of its end
 # (:func:`reserve`), so that its next writes cannot fail for want of space whoever fills the disk, and derived
-# writers refuse to write when the disk has less free than JOURNAL_RESERVE_MIN_BYTES, so that the journal can
-# always top its reserve up while only they compete with it (docs/decisions.md).
+# writers refuse to write when the disk has less free than JOURNAL_RESERVE_MIN_BYTES while the journal holds a
+# reserve (:func:`holds_reserve`: its writer is live; it gives the reserve back when it ends), so that the journal
+# can always top its reserve up while only they compete with it (docs/decisions.md).
 JOURNAL_RESERVE_BYTES = 1024 * 1024  # ~2,000 steps of 20 metrics, minutes of a fast trainer's logging
 JOURNAL_RESERVE_MIN_BYTES = 64 * 1024  # the smallest top-up the writer asks for; derived writers leave this free
 
@@ -111,3 +112,21 @@ def free_bytes(path: Path) -> int | None:
     except (OSError, AttributeError):
         return None
     return st.f_bavail * st.f_frsize
+
+
+def holds_reserve(directory: Path) -> bool:
+    """Whether a file of ``directory`` has disk allocated past its end (a :func:`reserve`): a journal writer is live.
+
+    A page or two past the end is a file system's rounding, not a reserve."""
+    try:
+        files = list(os.scandir(directory))
+    except OSError:
+        return False
+    for entry in files:
+        try:
+            st = entry.stat()
+        except OSError:
+            continue
+        if st.st_blocks * 512 >= st.st_size + JOURNAL_RESERVE_MIN_BYTES:
+            return True
+    return False

@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rllog.errors import InvalidTable, TransientError
-from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes
+from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, restarting_attempts
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
@@ -252,6 +252,7 @@ class ParquetSink:
             self.directory = option if option.is_absolute() else Path(run_info.run_dir) / option
         else:
             self.directory = Path(run_info.run_dir) / DEFAULT_DIRECTORY
+        self._journal = Path(run_info.run_dir) / "journal"
         with _disk_errors():
             self.directory.mkdir(parents=True, exist_ok=True)
             self._meta: dict[str, Any] = {
@@ -401,11 +402,20 @@ class ParquetSink:
             committed(piece.num_rows)
 
     def _check_room(self) -> None:
-        """Yield to the journal: refuse to write when the disk has less free than the journal's smallest top-up of
-        its reserve (:data:`rllog.files.JOURNAL_RESERVE_MIN_BYTES`); the delivery layer retries later."""
+        """Yield to the journal: refuse to write (the delivery layer retries later) while the disk has less free than
+        the journal's smallest top-up of its reserve (:data:`rllog.files.JOURNAL_RESERVE_MIN_BYTES`) and the journal,
+        on the same file system, holds a reserve (its writer is live). A journal that has ended gave its reserve
+        back, so the store may then take the disk's last bytes; one whose reserve ran out cannot be helped by 64 KiB."""
         assert self.directory is not None
         free = free_bytes(self.directory)
-        if free is not None and free < JOURNAL_RESERVE_MIN_BYTES:
+        if free is None or free >= JOURNAL_RESERVE_MIN_BYTES:
+            return
+        try:
+            if os.stat(self.directory).st_dev != os.stat(self._journal).st_dev:
+                return
+        except OSError:
+            return
+        if holds_reserve(self._journal):
             raise TransientError(
                 f"disk full: {free} bytes free in {self.directory}, under the {JOURNAL_RESERVE_MIN_BYTES} kept for the run's journal"
             )

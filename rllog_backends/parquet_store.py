@@ -352,11 +352,21 @@ class PartStore:
         self._merge_full_levels()
 
     def close(self) -> None:
-        """Everything into one Parquet part (a finished run reads as fast as one file), streamed batch by batch."""
-        self.roll()
-        parts = [f for f in _live(_listing(self.directory)) if not f.is_tail]
-        if len(parts) > 1:
-            self._merge(parts, 1 + max(f.level for f in parts))
+        """Everything into one Parquet part (a finished run reads as fast as one file), streamed batch by batch.
+
+        Everything is committed already: a disk without room for a part or a merge (each written beside its inputs)
+        leaves the tails and parts as they are, every row readable, for the next :meth:`open` or ``rllog replay``.
+        """
+        self.release()
+        try:
+            self._convert_old_tails()
+            self._merge_full_levels()
+            parts = [f for f in _live(_listing(self.directory)) if not f.is_tail]
+            if len(parts) > 1:
+                self._merge(parts, 1 + max(f.level for f in parts))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
 
     def _close_tail(self) -> None:
         """End the tail's stream (what it holds is committed); it becomes a part at the next conversion."""
