@@ -137,6 +137,28 @@ def cmd_plot(args) -> int:
 EXIT_BUSY = 75  # EX_TEMPFAIL: another process is delivering to that sink of that run; try again later
 
 
+def _repair_parquet(run_dir: str) -> None:
+    """Finish what an agent killed inside the Parquet store's close-time merge left, holding the sink's lock (a
+    replay with nothing to deliver never opens the sink)."""
+    from rllog.delivery import CursorStore, SinkState
+    from rllog_backends.parquet import repair, store_dir
+
+    directory = store_dir(run_dir)
+    if not directory.is_dir():
+        return
+    from rllog.errors import TransientError
+
+    cursor = CursorStore(run_dir, "parquet")
+    cursor.acquire()
+    try:
+        saved = cursor.load()
+        repair(directory, saved.status if saved.state == SinkState.CLOSED else None)
+    except TransientError as exc:  # a full disk: the store stays readable as it is; the next replay finishes it
+        console.print(f"[yellow]parquet: the store's unfinished merge is left for later ({exc})[/yellow]")
+    finally:
+        cursor.release()
+
+
 def cmd_replay(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -158,6 +180,8 @@ def cmd_replay(args) -> int:
                 only=names,
                 on_progress=lambda n, seq: progress.update(tasks[n], completed=min(total, seq)),
             )
+        if "parquet" in names:
+            _repair_parquet(args.run_dir)
     except SinkBusy as exc:
         console.print(
             f"[red]rllog replay: another process is already delivering this run ({exc}); "

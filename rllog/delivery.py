@@ -59,6 +59,7 @@ import logging
 import math
 import os
 import random
+import re
 import threading
 import time
 import zlib
@@ -171,8 +172,25 @@ class Cursor:
         return cls(**known)
 
 
+CURSOR_FORMAT = 2
+CURSOR_FILE_BYTES = 4096  # a cursor file's size (and the step it grows by): one page, written over in one pwrite
+CURSOR_READ_TRIES = 5  # reads of a cursor that fails its checksum (a save in progress) before it counts as damaged
+_CURSOR_PREFIX = re.compile(rb'^\{"format":(\d+),"crc":"([0-9a-f]{8})",')
+
+
 class CursorStore:
-    """The persisted delivery position and state of one sink of one run (``RUN_DIR/delivery/<sink>.json``)."""
+    """The persisted delivery position and state of one sink of one run (``RUN_DIR/delivery/<sink>.json``).
+
+    The file is written over in place, never replaced: a disk the journal filled (or anything else did) must not
+    stop a sink's cursor from moving, and a new file and a rename need a block and a directory entry each time.
+    Format 2: one JSON object, ``{"format":2,"crc":"<crc32 hex>",<the cursor's fields>}``, padded with spaces
+    and a newline to a fixed size (:data:`CURSOR_FILE_BYTES`, or a multiple of it for a cursor that outgrew it:
+    a long dead-letter list); ``crc`` is the CRC-32 of ``{<the cursor's fields>}`` as written. The file is made
+    at that size once (its blocks allocated) and then written with one ``pwrite`` at offset 0: no new inode or
+    block is needed. A reader that races a write sees a checksum that does not match and reads again. The file is
+    still JSON (``json.load`` reads it); a format-1 file (the cursor's fields as plain JSON) loads as before and
+    is replaced by a format-2 file at the next save.
+    """
 
     def __init__(self, run_dir: str | os.PathLike, sink_name: str):
         self.directory = Path(run_dir) / "delivery"
@@ -186,13 +204,42 @@ class CursorStore:
         return sorted(p.stem for p in (Path(run_dir) / "delivery").glob("*.json"))
 
     def load(self) -> Cursor:
-        try:
-            return Cursor.from_dict(json.loads(self.path.read_text()))
-        except (FileNotFoundError, ValueError, TypeError):
-            return Cursor()
+        for _ in range(CURSOR_READ_TRIES):
+            try:
+                data = self.path.read_bytes()
+            except FileNotFoundError:
+                return Cursor()
+            fields = decode_cursor(data)
+            if fields is not None:
+                try:
+                    return Cursor.from_dict(fields)
+                except TypeError:
+                    break
+            time.sleep(0.001)  # a save in progress: it is one pwrite, done in microseconds
+        log.warning("rllog: cursor file %s is damaged; delivery to that sink starts from the journal's start", self.path)
+        return Cursor()
 
     def save(self, cursor: Cursor) -> None:
-        replace_file(self.path, json.dumps(cursor.__dict__))
+        body = json.dumps(cursor.__dict__, separators=(",", ":"))
+        head = f'{{"format":{CURSOR_FORMAT},"crc":"{zlib.crc32(body.encode()):08x}",'
+        text = head + body[1:]
+        needed = len(text) + 1  # and a newline
+        try:
+            fd = os.open(self.path, os.O_WRONLY)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            try:
+                size = os.fstat(fd).st_size
+                if size >= needed and size % CURSOR_FILE_BYTES == 0:
+                    data = (text + " " * (size - needed) + "\n").encode()
+                    if os.pwrite(fd, data, 0) == len(data):
+                        return
+                    raise OSError(errno.ENOSPC, f"cursor {self.path}: short write")
+            finally:
+                os.close(fd)
+        size = -(-needed // CURSOR_FILE_BYTES) * CURSOR_FILE_BYTES  # made (or grown) at its fixed size, once
+        replace_file(self.path, text + " " * (size - needed) + "\n")
 
     def acquire(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -206,6 +253,27 @@ class CursorStore:
     def release(self) -> None:
         if self._lock is not None:
             self._lock.release()
+
+
+def decode_cursor(data: bytes) -> dict | None:
+    """The fields of a cursor file's content (format 2, or format 1: plain JSON); None when it fails its checksum
+    or is not JSON (a save in progress, or damage)."""
+    text = data.rstrip(b" \n")
+    match = _CURSOR_PREFIX.match(text)
+    if match is None:  # format 1
+        try:
+            fields = json.loads(text)
+        except ValueError:
+            return None
+        return fields if isinstance(fields, dict) else None
+    body = b"{" + text[match.end() :]
+    if int(match[2], 16) != zlib.crc32(body):
+        return None
+    try:
+        fields = json.loads(body)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None
 
 
 FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: one fixed-length line, see request_flush

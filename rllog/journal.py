@@ -49,6 +49,7 @@ from typing import Any
 import pyarrow as pa
 
 from rllog.errors import RunDirError
+from rllog.files import JOURNAL_RESERVE_BYTES, JOURNAL_RESERVE_MIN_BYTES, reserve
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, TableRecord
 from rllog.settings import WRITER_ALIVE_CHECK_SECONDS
 
@@ -275,6 +276,13 @@ class JournalWriter:
     is cut back to the last complete frame, the rest stays in memory and is retried every
     ``write_interval`` until the disk takes it. ``error`` holds the last such failure (None once
     writing works again).
+
+    The journal shares its disk with what is derived from it (the Parquet store, cursor files), so the writer
+    keeps :data:`rllog.files.JOURNAL_RESERVE_BYTES` allocated past the segment's end (``fallocate`` with
+    ``FALLOC_FL_KEEP_SIZE``: the file's size, which readers go by, does not change), topped up once half is
+    used, in smaller pieces down to :data:`rllog.files.JOURNAL_RESERVE_MIN_BYTES` when the disk has less:
+    whoever fills the disk, the journal's next writes land. The reserve is given back when a segment ends,
+    and by the next writer of the run for a writer that was killed.
     """
 
     def __init__(
@@ -300,10 +308,13 @@ class JournalWriter:
         self.on_written = on_written
         self.on_landed = on_landed
         self._next_seq = next_seq
+        self._reserved = 0  # the offset up to which the current segment has disk allocated (past _size: the reserve)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            _give_back_reserves(self.directory)
             self._fd = self._open_segment(next_seq)
             self._size = 0
+            self._top_up()
         except OSError as exc:
             raise RunDirError(f"cannot write the journal in {self.directory}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="rllog-journal", daemon=True)
@@ -395,9 +406,29 @@ class JournalWriter:
                 break
         self.stats.unwritten = len(self._pending) + len(self._frames)
         try:
-            os.close(self._fd)
+            self._end_segment(self._fd, self._size)
         except OSError:
             pass
+
+    def _top_up(self) -> None:
+        """Allocate the reserve past the segment's end again once half of it is used (see the class)."""
+        if self._reserved - self._size >= JOURNAL_RESERVE_BYTES // 2:
+            return
+        length = min(JOURNAL_RESERVE_BYTES, SEGMENT_BYTES - self._size)
+        while length >= JOURNAL_RESERVE_MIN_BYTES:
+            if reserve(self._fd, self._size, length):
+                self._reserved = self._size + length
+                return
+            length //= 2
+
+    @staticmethod
+    def _end_segment(fd: int, size: int) -> None:
+        """Close a segment the writer is done with, its reserve given back (a truncation to its own size frees the
+        blocks allocated past the end)."""
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
 
     def _write_pending(self) -> None:
         entries = []
@@ -429,8 +460,13 @@ class JournalWriter:
                 fd = self._open_segment(self._frames[0][0])
             except OSError as exc:  # the old segment stays the one written, its size known: a cut-back stays in it
                 return self._failed(exc)
-            os.close(self._fd)
-            self._fd, self._size = fd, 0
+            try:
+                self._end_segment(self._fd, self._size)
+            except OSError:
+                pass
+            self._fd, self._size, self._reserved = fd, 0, 0
+            self._top_up()
+        self._top_up()  # space may have come back since the reserve ran out
         data = memoryview(b"".join(f for _, f in self._frames))
         written = 0
         try:
@@ -440,6 +476,7 @@ class JournalWriter:
             self._keep_whole_frames(written)
             return self._failed(exc)
         self._size += written
+        self._top_up()
         with self._landed:
             self.written_seq = self._frames[-1][0]
             self._landed.notify_all()
@@ -463,7 +500,8 @@ class JournalWriter:
             landed += len(f)
             done += 1
         if landed < written:
-            os.ftruncate(self._fd, self._size + landed)  # frees space: never fails for want of it
+            os.ftruncate(self._fd, self._size + landed)  # frees space (the reserve too): never fails for want of it
+            self._reserved = 0
         self._size += landed
         if done:
             with self._landed:
@@ -493,9 +531,22 @@ class JournalWriter:
             return self._failed(exc)
         if n < len(data):
             os.ftruncate(self._fd, self._size)
+            self._reserved = 0
             return self._failed(OSError(errno.ENOSPC, "short write of the end marker"))
         self._size += n
         self.stats.end_written = True
+
+
+def _give_back_reserves(directory: Path) -> None:
+    """Free the reserve a killed writer left allocated past the end of its last segment (a resumed run's writer
+    takes the run over, holding its lock, before it writes)."""
+    for path in segments(directory)[-1:]:
+        try:
+            st = path.stat()
+            if st.st_blocks * 512 > st.st_size + JOURNAL_RESERVE_MIN_BYTES:
+                os.truncate(path, st.st_size)
+        except OSError:
+            pass
 
 
 # -- reading -------------------------------------------------------------------------------------

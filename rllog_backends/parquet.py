@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rllog.errors import InvalidTable, TransientError
+from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, restarting_attempts
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
 from rllog.values import table_dir_name
-from rllog_backends.parquet_store import PartStore
+from rllog_backends.parquet_store import PartStore, whole_record_slices
 
 METRICS_SCHEMA = pa.schema(
     [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
@@ -63,6 +65,47 @@ ALERTS_SCHEMA = pa.schema(
 )
 DEFAULT_DIRECTORY = "parquet"
 META_FILE = "meta.json"
+# The open tails may hold at most this share of the process's open-file limit (RLIMIT_NOFILE): the trackers, the
+# journal reader, sockets and the agent's own files need the rest, and one file too many fails every sink alike.
+OPEN_FILES_SHARE = 8
+
+
+def open_tail_cap(cap: int) -> int:
+    """``cap``, or less under a low open-file limit: at most 1/:data:`OPEN_FILES_SHARE` of the soft limit, read
+    now (``ulimit -n`` and ``prlimit`` change it while a process runs), never below one."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return cap
+    return max(1, min(cap, soft // OPEN_FILES_SHARE))
+
+
+def store_directories(directory: Path) -> list[Path]:
+    """Every store directory of a parquet store: metrics, alerts and one per table."""
+    tables = directory / "tables"
+    found = [directory / "metrics", directory / "alerts", *(sorted(tables.iterdir()) if tables.is_dir() else [])]
+    return [d for d in found if d.is_dir()]
+
+
+def repair(directory: Path, status: str | None) -> None:
+    """Finish what a writer killed at close left in a store (``rllog replay`` calls it, holding the sink's lock):
+    leftover temporary files and files a merge replaced are removed; for a run that ended (``status``, from the
+    end of its journal) tails become parts, each directory is merged into one part, and ``meta.json`` says the
+    status. A running run's store is only tidied (its writer merges in tiers)."""
+    with _disk_errors():
+        for path in store_directories(directory):
+            store = PartStore(path, "_seq" if path.parent.name == "tables" else "seq")
+            store.open()
+            if status is not None:
+                store.close()
+        meta_path = directory / META_FILE
+        if status is not None and meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text())
+            except ValueError:
+                return
+            if meta.get("status") == "running":
+                meta["status"] = status
+                _replace_meta(directory, meta)
 
 
 def table_name(dir_name: str) -> str:
@@ -187,6 +230,10 @@ class ParquetSink:
     MAX_BUFFERED_ROWS = 100_000  # rows are appended early past this: memory stays bounded while catching up
     MAX_OPEN_TAILS = 16  # tail files kept open; a run logging many table names would hold one handle per name
     MAX_OPEN_TAILS_IN_USE = 256  # ... but those written at the last flush stay open, up to this many
+    # Rows committed per append: a flush of a large backlog commits piece by piece, so a disk with room for part of
+    # it takes that part (the rest waits, never written twice) rather than refusing one append of everything forever.
+    # 16,384 rows of 20-metric steps are ~200 KB in a compressed tail.
+    PIECE_ROWS = 16_384
 
     def __init__(self, directory: str | None = None):
         self._option = directory
@@ -205,6 +252,7 @@ class ParquetSink:
             self.directory = option if option.is_absolute() else Path(run_info.run_dir) / option
         else:
             self.directory = Path(run_info.run_dir) / DEFAULT_DIRECTORY
+        self._journal = Path(run_info.run_dir) / "journal"
         with _disk_errors():
             self.directory.mkdir(parents=True, exist_ok=True)
             self._meta: dict[str, Any] = {
@@ -222,15 +270,20 @@ class ParquetSink:
                 except ValueError:
                     pass
             self._write_meta()
+            for path in store_directories(self.directory):  # leftovers of a writer killed inside a merge
+                self._store_at(path)
 
-    def _store(self, *parts: str, seq_column: str = "seq") -> PartStore:
-        directory = self._dir(*parts)
+    def _store_at(self, directory: Path) -> PartStore:
         store = self._stores.get(directory)
         if store is None:
-            store = self._stores[directory] = PartStore(directory, seq_column)
+            store = PartStore(directory, "_seq" if directory.parent.name == "tables" else "seq")
             with _disk_errors():
                 store.open()
+            self._stores[directory] = store
         return store
+
+    def _store(self, *parts: str) -> PartStore:
+        return self._store_at(self._dir(*parts))
 
     def _is_new(self, store: PartStore, seq: int) -> bool:
         """Whether record ``seq`` is neither stored (a re-send of what a killed agent had stored) nor buffered already.
@@ -256,7 +309,7 @@ class ParquetSink:
                     self.flush()
 
     def write_table(self, record: TableRecord) -> None:
-        store = self._store("tables", table_dir_name(record.name), seq_column="_seq")
+        store = self._store("tables", table_dir_name(record.name))
         if not self._is_new(store, record.seq):
             return
         n = record.table.num_rows
@@ -296,31 +349,84 @@ class ParquetSink:
             )
 
     def flush(self) -> None:
-        """Each buffer is appended to its directory's tail and committed (durable), then emptied; a buffer whose
-        append or commit failed (a full disk) is kept whole for the retry, its directory cut back to the last commit."""
-        with _disk_errors():
-            if self._alerts:
-                self._commit(self._store("alerts"), pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA))
-                self._alerts = []
-            if self._rows:
-                columns = list(zip(*self._rows, strict=True))
-                arrays = [pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)]
-                self._commit(self._store("metrics"), pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA))
-                self._rows = []
-            for name in list(self._tables):
-                tables = self._tables[name]
-                table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
-                self._commit(self._store("tables", table_dir_name(name), seq_column="_seq"), table, seq=self._table_seqs[name])
-                del self._tables[name], self._table_seqs[name]
-            self._release_idle_tails()
-            for store in self._stores.values():
-                store.maintain()  # parts and merges; a full disk leaves them for a later flush
+        """Each buffer is appended to its directory's tail and committed (durable) in pieces of whole records, each
+        piece dropped from the buffer once committed. A piece the disk refuses (full, or below the room left to the
+        journal) is cut back to the last commit and stays buffered with what follows it, for the retry. Parts and
+        merges follow, also after a refused piece: a tail turned into a part is what makes room on a full disk."""
+        try:
+            with _disk_errors():
+                self._write_buffers()
+        finally:
+            with _disk_errors():
+                for store in self._stores.values():
+                    store.maintain()  # a full disk leaves parts and merges for a later flush
 
-    def _commit(self, store: PartStore, table: pa.Table, seq: int | None = None) -> None:
-        store.append(table, seq=seq)
-        store.commit()
+    def _write_buffers(self) -> None:
+        if self._alerts:
+            table = pa.Table.from_pylist(self._alerts, schema=ALERTS_SCHEMA)
+            self._commit(self._store("alerts"), table, lambda n: self._alerts.__delitem__(slice(0, n)))
+        if self._rows:
+            columns = list(zip(*self._rows, strict=True))
+            arrays = [pa.array(c, t.type) for c, t in zip(columns, METRICS_SCHEMA, strict=True)]
+            table = pa.Table.from_arrays(arrays, schema=METRICS_SCHEMA)
+            self._commit(self._store("metrics"), table, lambda n: self._rows.__delitem__(slice(0, n)))
+        for name in list(self._tables):
+            tables = self._tables[name]
+            table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+            self._tables[name] = [table]
+
+            def committed(n: int, name: str = name) -> None:
+                rest = self._tables[name][0].slice(n)
+                if rest.num_rows:
+                    self._tables[name], self._table_seqs[name] = [rest], rest.column("_seq")[0].as_py()
+                else:
+                    del self._tables[name], self._table_seqs[name]
+
+            self._commit(self._store("tables", table_dir_name(name)), table, committed, seq=self._table_seqs[name])
+        self._release_idle_tails()
+
+    def _commit(self, store: PartStore, table: pa.Table, committed: Callable[[int], None], seq: int | None = None) -> None:
+        """Append and commit ``table`` in pieces of whole records; ``committed(n)`` after each piece, ``n`` its rows
+        (the caller drops them from the front of its buffer)."""
         self._stores[store.directory] = self._stores.pop(store.directory)  # the stores in the order last written
         self._written_now.add(store.directory)
+        if not store.holds_open_file:
+            self._make_room_for_a_tail(store)
+        if not table.num_rows:
+            store.append(table, seq=seq)
+            committed(0)
+            return
+        for piece in whole_record_slices(table, store.seq_column, self.PIECE_ROWS):
+            self._check_room()
+            store.append(piece)
+            store.commit()
+            committed(piece.num_rows)
+
+    def _check_room(self) -> None:
+        """Yield to the journal: refuse to write (the delivery layer retries later) while the disk has less free than
+        the journal's smallest top-up of its reserve (:data:`rllog.files.JOURNAL_RESERVE_MIN_BYTES`) and the journal,
+        on the same file system, holds a reserve (its writer is live). A journal that has ended gave its reserve
+        back, so the store may then take the disk's last bytes; one whose reserve ran out cannot be helped by 64 KiB."""
+        assert self.directory is not None
+        free = free_bytes(self.directory)
+        if free is None or free >= JOURNAL_RESERVE_MIN_BYTES:
+            return
+        try:
+            if os.stat(self.directory).st_dev != os.stat(self._journal).st_dev:
+                return
+        except OSError:
+            return
+        if holds_reserve(self._journal):
+            raise TransientError(
+                f"disk full: {free} bytes free in {self.directory}, under the {JOURNAL_RESERVE_MIN_BYTES} kept for the run's journal"
+            )
+
+    def _make_room_for_a_tail(self, store: PartStore) -> None:
+        """Before ``store`` opens a tail: close the least recently written open tails past the cap (a flush that
+        writes many table names would otherwise open one file per name before :meth:`_release_idle_tails`)."""
+        open_tails = [s for s in self._stores.values() if s.holds_open_file and s is not store]
+        for idle in open_tails[: max(0, len(open_tails) + 1 - open_tail_cap(self.MAX_OPEN_TAILS_IN_USE))]:
+            idle.release()
 
     def _release_idle_tails(self) -> None:
         """Close the tails of the least recently written directories past :attr:`MAX_OPEN_TAILS`: each table name
@@ -328,10 +434,10 @@ class ParquetSink:
         open_tails = [store for store in self._stores.values() if store.holds_open_file]
         idle = [store for store in open_tails if store.directory not in self._written_now]  # least recently first
         busy = [store for store in open_tails if store.directory in self._written_now]
-        for store in idle[: max(0, len(open_tails) - self.MAX_OPEN_TAILS)]:
+        for store in idle[: max(0, len(open_tails) - open_tail_cap(self.MAX_OPEN_TAILS))]:
             store.release()
         # tails written at this flush stay open (closed, each would be a new part at every flush), up to a hard cap
-        for store in busy[: max(0, len(busy) - self.MAX_OPEN_TAILS_IN_USE)]:
+        for store in busy[: max(0, len(busy) - open_tail_cap(self.MAX_OPEN_TAILS_IN_USE))]:
             store.release()
         self._written_now.clear()
 
@@ -349,9 +455,13 @@ class ParquetSink:
         return self.directory.joinpath(*parts)
 
     def _write_meta(self) -> None:
-        tmp = self._dir(f".{META_FILE}.tmp")
-        tmp.write_text(json.dumps(self._meta, indent=1, default=str))
-        os.replace(tmp, self._dir(META_FILE))
+        _replace_meta(self._dir(), self._meta)
+
+
+def _replace_meta(directory: Path, meta: dict) -> None:
+    tmp = directory / f".{META_FILE}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1, default=str))
+    os.replace(tmp, directory / META_FILE)
 
 
 class _disk_errors:

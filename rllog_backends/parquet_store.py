@@ -10,8 +10,10 @@ and open, and compacting them all at close would read the whole run into memory.
   process from then on (the delivery layer moves the sink's cursor after ``flush``) and readable at once by
   :meth:`PartStore.read`. The leading ``_`` keeps the tail out of pandas/pyarrow dataset discovery and
   ``*.parquet`` globs, which see the parts only.
-- When the tail holds :data:`TAIL_ROWS` rows, or is older than :data:`TAIL_SECONDS`, it becomes a level-0
-  part (one Parquet write for many flushes). When :data:`FAN_IN` parts share a level, the oldest are merged,
+- The tail's batches are compressed (:data:`TAIL_CODEC`) and a tail is bounded in bytes as well as rows: the store
+  is derived from the journal and shares its disk, so it must stay well below the journal's size
+  (docs/decisions.md has the codecs measured). When the tail holds :data:`TAIL_ROWS` rows or :data:`TAIL_BYTES`
+  bytes, or is older than :data:`TAIL_SECONDS`, it becomes a level-0 part (one Parquet write for many flushes). When :data:`FAN_IN` parts share a level, the oldest are merged,
   streaming row group by row group, into one part of the next level. A directory therefore holds at most
   ``(FAN_IN - 1)`` parts per level plus its tail, and each row is rewritten about ``log_FAN_IN(parts)`` times.
 - Crash safety: every new file is written under a temporary name and renamed; the files it replaces are
@@ -27,6 +29,7 @@ import errno
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,13 @@ import pyarrow.parquet as pq
 
 TAIL_ROWS = 262_144
 TAIL_SECONDS = 300.0
+# A tail past this many bytes becomes a part: a flush per training step writes a small batch whose IPC framing
+# outweighs its rows (~800 B a step of 20 metrics, more than the journal's), and a part of those rows is ~200 B.
+TAIL_BYTES = 256 * 1024
+# zstd for the tail's batches: the smallest of the codecs Arrow IPC offers at the batch sizes a live run flushes
+# (20 metrics a step, 25 steps a batch: zstd 244 B a step, lz4 292, none 915), at the same write cost as lz4 there.
+TAIL_CODEC = "zstd"
+PART_CODEC = "zstd"  # parts: 197 B a step against snappy's 223 (pyarrow's default), and faster to write
 FAN_IN = 4
 BATCH_ROWS = 131_072
 ROW_GROUP_ROWS = 524_288
@@ -126,6 +136,19 @@ def conform(table: pa.Table | pa.RecordBatch, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def whole_record_slices(table: pa.Table, seq_column: str, rows: int) -> Iterator[pa.Table]:
+    """``table`` in slices of about ``rows`` rows, cut only where the seq changes (one record of more than ``rows``
+    rows is one slice)."""
+    seqs = table.column(seq_column)
+    changes = pc.indices_nonzero(pc.not_equal(seqs[1:], seqs[:-1])).to_pylist() if len(seqs) > 1 else []
+    start = 0
+    while start < table.num_rows:
+        i = bisect.bisect_left(changes, start + rows - 1)  # the first cut at or after a full slice
+        end = changes[i] + 1 if i < len(changes) else table.num_rows
+        yield table.slice(start, end - start)
+        start = end
+
+
 def _whole_record_batches(table: pa.Table, seq_column: str):
     """``table`` in record batches of about :data:`BATCH_ROWS` rows, cut only where the seq changes.
 
@@ -134,21 +157,18 @@ def _whole_record_batches(table: pa.Table, seq_column: str):
     records up to it are skipped. A record cut in two would lose its second half for good: no record spans two
     batches (one record of more than :data:`BATCH_ROWS` rows is one batch).
     """
-    seqs = table.column(seq_column)
-    changes = pc.indices_nonzero(pc.not_equal(seqs[1:], seqs[:-1])).to_pylist() if len(seqs) > 1 else []
-    start = 0
-    while start < table.num_rows:
-        i = bisect.bisect_left(changes, start + BATCH_ROWS - 1)  # the first cut at or after a full batch
-        end = changes[i] + 1 if i < len(changes) else table.num_rows
-        yield from table.slice(start, end - start).combine_chunks().to_batches()  # one batch, chunks joined
-        start = end
+    for piece in whole_record_slices(table, seq_column, BATCH_ROWS):
+        yield from piece.combine_chunks().to_batches()  # one batch, chunks joined
+
+
+_TAIL_OPTIONS = pa.ipc.IpcWriteOptions(compression=TAIL_CODEC)
 
 
 def _write_atomic(path: Path, schema: pa.Schema, tables) -> None:
     """Stream ``tables`` (an iterable) into a Parquet file at ``path``, written under a temporary name first."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with pq.ParquetWriter(tmp, schema) as writer:
+        with pq.ParquetWriter(tmp, schema, compression=PART_CODEC) as writer:
             pending: list[pa.Table] = []
             rows = 0
             for table in tables:  # batches gathered into row groups of ROW_GROUP_ROWS: few, large groups read fastest
@@ -245,7 +265,7 @@ class PartStore:
                 first = pc.min(table.column(self.seq_column)).as_py()
                 self._tail_path = self.directory / f"_tail-{first:012d}.arrows"
                 self._tail_file = pa.OSFile(str(self._tail_path), "wb")
-                self._tail = pa.ipc.new_stream(self._tail_file, schema)
+                self._tail = pa.ipc.new_stream(self._tail_file, schema, options=_TAIL_OPTIONS)
                 self._tail_schema, self._tail_rows, self._tail_since, self._committed_size = schema, 0, time.monotonic(), 0
             for batch in _whole_record_batches(conform(table, schema), self.seq_column):
                 self._tail.write_batch(batch)
@@ -312,8 +332,12 @@ class PartStore:
 
     def maintain(self) -> None:
         """Turn a full or old tail into a part and merge full levels. A full disk leaves it for a later call."""
-        if self._tail is not None and (self._tail_rows >= TAIL_ROWS or time.monotonic() - self._tail_since >= TAIL_SECONDS):
-            self._close_tail()
+        if self._tail is not None and (
+            self._tail_rows >= TAIL_ROWS
+            or self._committed_size >= TAIL_BYTES
+            or time.monotonic() - self._tail_since >= TAIL_SECONDS
+        ):
+            self.release()
         try:
             self._convert_old_tails()
             self._merge_full_levels()
@@ -328,11 +352,21 @@ class PartStore:
         self._merge_full_levels()
 
     def close(self) -> None:
-        """Everything into one Parquet part (a finished run reads as fast as one file), streamed batch by batch."""
-        self.roll()
-        parts = [f for f in _live(_listing(self.directory)) if not f.is_tail]
-        if len(parts) > 1:
-            self._merge(parts, 1 + max(f.level for f in parts))
+        """Everything into one Parquet part (a finished run reads as fast as one file), streamed batch by batch.
+
+        Everything is committed already: a disk without room for a part or a merge (each written beside its inputs)
+        leaves the tails and parts as they are, every row readable, for the next :meth:`open` or ``rllog replay``.
+        """
+        self.release()
+        try:
+            self._convert_old_tails()
+            self._merge_full_levels()
+            parts = [f for f in _live(_listing(self.directory)) if not f.is_tail]
+            if len(parts) > 1:
+                self._merge(parts, 1 + max(f.level for f in parts))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
 
     def _close_tail(self) -> None:
         """End the tail's stream (what it holds is committed); it becomes a part at the next conversion."""

@@ -152,7 +152,7 @@ class KilledAtSecondBatch:
 
 
 new_stream = pa.ipc.new_stream
-pa.ipc.new_stream = lambda *args: KilledAtSecondBatch(new_stream(*args))
+pa.ipc.new_stream = lambda *args, **kwargs: KilledAtSecondBatch(new_stream(*args, **kwargs))
 sink = open_sink(sys.argv[1])
 if sys.argv[2] == "metrics":
     sink.write_metrics(split_metrics())  # flushes by itself (past MAX_BUFFERED_ROWS)
