@@ -617,11 +617,11 @@ class JournalReader:
                 todo = [p for p in todo if p not in self._done]
         if not todo:
             return False
+        fd = os.open(todo[0], os.O_RDONLY)  # first: a refused open leaves the reader where it was
         self.close()
         if self._path is not None:
             self._done.add(self._path)
-        self._path, self._offset = todo[0], 0
-        self._fd = os.open(todo[0], os.O_RDONLY)
+        self._path, self._offset, self._fd = todo[0], 0, fd
         return True
 
     def _later_segment_exists(self) -> bool:
@@ -646,24 +646,27 @@ class JournalReader:
         self._budget, self._taken = max_bytes, 0
         if self._fd is None and not self._open_next():
             return out
-        while len(out) < max_records:
-            try:
+        try:
+            while len(out) < max_records:
                 stop = self._read_segment(out, max_records)
-            except Exception:
-                if out:  # the frame that raised is read again by the next call
-                    return out
-                raise
-            if stop == "done":  # out is full; the rest of the segment is for the next call
+                if stop == "done":  # out is full; the rest of the segment is for the next call
+                    break
+                # the end of what this segment holds now: finished, torn, damaged, or still being written
+                assert self._fd is not None
+                size = os.fstat(self._fd).st_size
+                later = self._later_segment_exists()
+                if size > self._offset and (later or final):
+                    self._skip_rest(size, stop)
+                if later and size <= self._offset and self._open_next():
+                    continue
                 break
-            # the end of what this segment holds now: finished, torn, damaged, or still being written
-            assert self._fd is not None
-            size = os.fstat(self._fd).st_size
-            later = self._later_segment_exists()
-            if size > self._offset and (later or final):
-                self._skip_rest(size, stop)
-            if later and size <= self._offset and self._open_next():
-                continue
-            break
+        except Exception:
+            # The reader has moved past what is in ``out``: returned, those records are delivered; raised, they
+            # would be lost (a listing of the journal refused for want of a descriptor skipped 303 records). What
+            # raised raises again at the next call.
+            if out:
+                return out
+            raise
         return out
 
     def _skip_rest(self, size: int, why: str) -> None:

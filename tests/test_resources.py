@@ -166,11 +166,14 @@ TABLES_TRAINER = textwrap.dedent(
     import rllog
     run_dir, names = sys.argv[1], int(sys.argv[2])
     run = rllog.init(report_to="parquet", run_dir=run_dir, flush_interval=0.05, health=False)
+    run.log({"a": -1.0}, step=0)
+    run.flush(timeout=60)  # the sink is open: the test takes the agent's spare descriptors away now
+    print(run._agent.pid, flush=True)
+    sys.stdin.readline()
     for step in range(3):
         for t in range(names):
             run.log_table(f"t{t}", {"x": [step]}, step=step)
         run.log({"a": float(step)}, step=step)
-    print(run._agent.pid, flush=True)
     sys.stdin.readline()  # the test lifts the limit, then says "finish"
     report = run.finish(timeout=120)
     print(json.dumps({"ok": report.ok, "text": str(report), "delivered": report["parquet"].delivered}), flush=True)
@@ -180,7 +183,9 @@ TABLES_TRAINER = textwrap.dedent(
 
 @pytest.mark.slow
 def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once_the_limit_is_lifted(tmp_path):
-    """64 descriptors (a real RLIMIT_NOFILE the agent inherits from the trainer) and 100 table names to parquet."""
+    """A real RLIMIT_NOFILE lowered on the running agent to the descriptors it holds (prlimit(2)), then 100 table
+    names to parquet: every open fails with EMFILE until the limit is lifted. (The Parquet sink caps its open tails
+    from the limit, so a limit merely low no longer stalls it; one with no descriptor to spare does.)"""
     run_dir = tmp_path / "r"
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     stderr = tmp_path / "trainer-stderr.txt"
@@ -190,11 +195,14 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
         stdout=subprocess.PIPE,
         stderr=stderr.open("w"),
         text=True,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)),
     )
     try:
         assert trainer.stdout is not None and trainer.stdin is not None
         agent_pid = int(trainer.stdout.readline())
+        held = len(os.listdir(f"/proc/{agent_pid}/fd"))
+        resource.prlimit(agent_pid, resource.RLIMIT_NOFILE, (held, hard))
+        trainer.stdin.write("log\n")
+        trainer.stdin.flush()
         cursor = run_dir / "delivery" / "parquet.json"
 
         def stalled_and_says_why() -> bool:
@@ -219,9 +227,9 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
             trainer.wait()
     result = json.loads(out.strip().splitlines()[-1])
     assert result["ok"], result["text"] + stderr.read_text()
-    assert result["delivered"] == 3 * 100 + 3
+    assert result["delivered"] == 3 * 100 + 3 + 1
     assert all(sorted(rllog.read_table(run_dir, f"t{t}").column("x").to_pylist()) == [0, 1, 2] for t in range(100))
-    assert len(rllog.read_metrics(run_dir)) == 3
+    assert len(rllog.read_metrics(run_dir)) == 4
 
 
 def test_a_follower_whose_cursor_cannot_be_saved_for_want_of_descriptors_saves_it_with_its_spares(tmp_path):
