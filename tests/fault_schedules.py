@@ -686,9 +686,7 @@ def _run_and_check(schedule: Schedule, workdir: Path, disk: Path, outcome: Outco
     missing = logged - journal_ids - damaged
     allowed = set()
     if killed:
-        window = schedule.flush_interval
-        full_since = _disk_full_since(schedule, trainer)
-        horizon = min(trainer.killed_at - window, full_since - window if full_since is not None else float("inf"))
+        horizon = _kill_horizon(schedule, trainer)
         allowed = {i for i, t in trainer.logged.items() if t >= horizon}
     unwritten = report.get("unwritten", 0)
     outcome.check(
@@ -761,13 +759,22 @@ def _last_error(agent_log: str, sink: str | None = None) -> str:
     return lines[-1][:400] if lines else "(no error logged)"
 
 
-def _disk_full_since(schedule: Schedule, trainer: TrainerLog) -> float | None:
-    """When a disk_full window still open at the trainer's kill began (monotonic), else None."""
+def _kill_horizon(schedule: Schedule, trainer: TrainerLog) -> float:
+    """The monotonic time after which a record logged may be missing from the journal of a SIGKILLed trainer: the
+    kill less ``flush_interval``, or earlier where the disk was full until less than ``flush_interval`` before the
+    kill (a record logged then waited in memory for the space; the writer retries every write interval)."""
+    assert trainer.killed_at is not None
+    window = schedule.flush_interval
+    horizon = trainer.killed_at - window
     kill_index = max(trainer.logged, default=0) + 1
     for f in schedule.faults:
-        if f.kind == "disk_full" and f.at <= kill_index and (f.until is None or f.until > kill_index):
-            return trainer.logged.get(f.at - 1, trainer.logged.get(f.at, 0.0))
-    return None
+        if f.kind != "disk_full" or f.at > kill_index:
+            continue
+        began = trainer.logged.get(f.at - 1, 0.0)
+        freed = trainer.logged.get(f.until - 1, trainer.killed_at) if f.until is not None else trainer.killed_at
+        if freed >= trainer.killed_at - window:
+            horizon = min(horizon, began - window)
+    return horizon
 
 
 def _check_sinks(
