@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"shrinking {invariant} from {schedule.describe()}", flush=True)
                 shrunk[invariant] = fs.shrink(schedule, invariant, base / f"shrink-{invariant}", SHRINK_RUNS, print)
     finally:
-        shutil.rmtree(base, ignore_errors=not args.keep)
+        if args.keep:
+            print(f"kept the work directories of failing schedules in {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     elapsed = time.monotonic() - began
     count = sum(len(seeds) for seeds in violated.values())
     for invariant, seeds in sorted(violated.items()):
