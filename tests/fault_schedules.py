@@ -47,7 +47,9 @@ TESTS = ROOT / "tests"
 SINKS = ("parquet", "tensorboard", "jsonl")
 JSONL = "jsonl"
 TABLE_NAMES = (1, 3, 40)  # how many table names a schedule logs to (the parquet sink keeps a file open per name)
-TMPFS_SIZE = "8m"  # several times a schedule's data (journal, parquet, TensorBoard: ~1.5 MB at most), so a freed disk has room
+DISK_MB = (8, 8, 4)  # the tmpfs: room for a schedule's data (journal, parquet, TensorBoard: 0.5-5 MB), or barely
+WIDTHS = (3, 3, 20)  # metrics per record (20: the issue's record, whose derived stores outgrow the journal)
+LOW_SPACE = 512 * 1024  # free bytes at the end below which the run's own data filled the disk (nothing to blame)
 RECORDS_RANGE = (600, 2400)  # records per schedule: a few seconds of logging at PACE
 PACE = 0.003  # seconds the trainer sleeps per record (in steps of 10 records): faults land while records flow
 FLUSH_INTERVALS = (0.05, 0.1, 0.2, 0.5)
@@ -60,6 +62,10 @@ HEADROOMS = (0, 16 * 1024, 150 * 1024)  # bytes a full disk leaves free: none, l
 CLOCK_JUMPS = (-3600.0, 86400.0)
 NOFILE_SPARE = (2, 8)  # descriptors the agent may still open under a lowered RLIMIT_NOFILE
 MEMORY_SPARE_MB = (1, 24)  # MiB of address space the agent may still map under a lowered RLIMIT_AS
+# Faults after which every sink must be delivered by finish once they are over (the others may leave a sink failed,
+# dead letters, or a retry backoff longer than finish's deadline).
+RECOVERABLE = ("disk_full", "agent_kill", "agent_stop", "clock_jump", "journal_damage")
+DAMAGE_BYTES_PER_FRAME = 4096  # a damaged frame costs its own bytes (a few hundred here): a generous bound
 RESOURCE_ERRORS = ("MemoryError", "EMFILE", "Too many open files", "ENOMEM", "Cannot allocate memory")
 
 WINDOWS = (
@@ -97,6 +103,11 @@ INVARIANTS = {
     "resource_error_transient": "no sink failed or dead-lettered a record because of MemoryError/EMFILE",
     "follower_survives": "no uncaught exception ends a thread of the agent (agent.log)",
     "cause_named": "a sink the agent's log says failed is not reported as merely late ('not delivered before the deadline')",
+    "damage_only_where_damaged": "the report and every cursor count as damaged at most the frames the schedule damaged "
+    "(torn tails only after a trainer SIGKILL)",
+    "nothing_lost_when_space_returns": "a disk full and freed before finish loses nothing: unwritten == 0",
+    "delivered_after_faults_end": "when the only faults were a disk full and freed, agent SIGKILL/SIGSTOP, clock jumps and "
+    "damaged bytes, all over before finish, finish reports every sink delivered",
     "replay_completes": "after `rllog replay`, every sink holds every journal record (dead letters excepted) and "
     "its report says so",
     "replay_no_resend": "a second `rllog replay` sends nothing",
@@ -127,12 +138,15 @@ class Schedule:
     table_every: int  # every table_every-th record is a table (0: none)
     faults: tuple[Fault, ...] = ()
     table_names: int = 1  # tables cycle through names t0, t1, ...
+    width: int = 3  # metrics per record
+    disk_mb: int = 8  # the tmpfs the run dir is on
 
     def describe(self) -> str:
         faults = ", ".join(f.describe() for f in self.faults) or "no faults"
         return (
             f"seed {self.seed}: {self.records} records, flush_interval {self.flush_interval}, "
-            f"table every {self.table_every or '-'} ({self.table_names} names); {faults}"
+            f"table every {self.table_every or '-'} ({self.table_names} names), {self.width} metrics, "
+            f"{self.disk_mb} MB disk; {faults}"
         )
 
     def as_json(self) -> str:
@@ -187,7 +201,16 @@ def generate(seed: int) -> Schedule:
     if kill_at is not None:
         faults.append(Fault("trainer_kill", kill_at))
     faults.sort(key=lambda f: (f.at, f.kind))
-    return Schedule(seed, n, rng.choice(FLUSH_INTERVALS), rng.choice((0, 7, 50)), tuple(faults), rng.choice(TABLE_NAMES))
+    return Schedule(
+        seed,
+        n,
+        rng.choice(FLUSH_INTERVALS),
+        rng.choice((0, 7, 50)),
+        tuple(faults),
+        rng.choice(TABLE_NAMES),
+        rng.choice(WIDTHS),
+        rng.choice(DISK_MB),
+    )
 
 
 # The trainer: logs the schedule's records and applies its faults itself when their record index comes, so a
@@ -333,7 +356,7 @@ for i in range(n):
     if every and i % every == every - 1:
         run.log_table(f"t{(i // every) % spec['table_names']}", {"id": [i, i], "text": ["a" * (i % 13), "b"]}, step=i)
     else:
-        run.log({"id": float(i), "x": i * 0.5, "y": -1.0}, step=i)
+        run.log({"id": float(i), "x": i * 0.5, "y": -1.0} | {f"m{k}": i + k * 0.25 for k in range(spec["width"] - 3)}, step=i)
     out.write(f"L {i} {time.monotonic()}\n")
     if i % 10 == 9:
         out.flush()
@@ -382,7 +405,7 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def small_disk(directory: Path, size: str = TMPFS_SIZE) -> Iterator[Path]:
+def small_disk(directory: Path, size: str) -> Iterator[Path]:
     """A real tmpfs of ``size`` at ``directory`` (made here), unmounted after. Raises :class:`NeedsRoot` without root."""
     if os.geteuid() != 0:
         raise NeedsRoot("the explorer mounts a tmpfs (a real full disk); that needs root")
@@ -585,7 +608,7 @@ def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
     outcome = Outcome(schedule)
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    with small_disk(workdir / "disk") as disk:
+    with small_disk(workdir / "disk", f"{schedule.disk_mb}m") as disk:
         try:
             _run_and_check(schedule, workdir, disk, outcome)
         finally:
@@ -611,6 +634,7 @@ def _run_and_check(schedule: Schedule, workdir: Path, disk: Path, outcome: Outco
         "flush_interval": schedule.flush_interval,
         "table_every": schedule.table_every,
         "table_names": schedule.table_names,
+        "width": schedule.width,
         "pace": PACE,
         "finish_timeout": FINISH_TIMEOUT,
         "faults": [asdict(f) for f in schedule.faults],
@@ -630,6 +654,8 @@ def _run_and_check(schedule: Schedule, workdir: Path, disk: Path, outcome: Outco
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    stat = os.statvfs(disk)
+    free_at_end = stat.f_bavail * stat.f_frsize + (ballast.stat().st_size if ballast.exists() else 0)
     # What a user would do next: free the disk, let a surviving agent finish (its trainer is gone).
     ballast.unlink(missing_ok=True)
     for pid in agent_pids(run_dir):
@@ -707,6 +733,45 @@ def _run_and_check(schedule: Schedule, workdir: Path, disk: Path, outcome: Outco
         report["records"] == len(by_seq) + unwritten,
         f"report records {report['records']} != journal {len(by_seq)} + unwritten {unwritten}",
     )
+
+    # -- damage is counted only where the schedule made it --------------------------------------------
+    cursors = {
+        name: json.loads((workdir / "evidence" / f"{name}.json").read_text())
+        for name in SINKS
+        if (workdir / "evidence" / f"{name}.json").exists()
+    }
+    for where, counted in [("report", report.get("damage") or {})] + [
+        (f"{n} cursor", c.get("damage") or {}) for n, c in cursors.items()
+    ]:
+        frames, damaged_bytes, torn = (counted.get(k, 0) for k in ("damaged_frames", "damaged_bytes", "torn_bytes"))
+        outcome.check(
+            "damage_only_where_damaged",
+            frames <= len(trainer.damaged)
+            and damaged_bytes <= DAMAGE_BYTES_PER_FRAME * len(trainer.damaged)
+            and (killed or not torn),
+            f"{where} counts {frames} damaged frames, {damaged_bytes} damaged bytes, {torn} torn bytes; the schedule "
+            f"damaged {len(trainer.damaged)} frames{'' if killed else ' and killed no writer'}",
+        )
+
+    # -- faults that are over leave nothing behind ---------------------------------------------------
+    over = not killed and all(f.until is not None for f in schedule.faults if f.kind in WINDOWS)
+    if over and free_at_end >= LOW_SPACE:
+        outcome.check(
+            "nothing_lost_when_space_returns",
+            unwritten == 0 and not missing,
+            f"{unwritten} unwritten, {len(missing)} logged records not in the journal (first {sorted(missing)[:10]}) "
+            f"although every full disk was freed before finish ({free_at_end // 1024} KiB free at the end); "
+            f"notes {report.get('notes')}",
+        )
+    if over and all(f.kind in RECOVERABLE for f in schedule.faults):
+        late = {n: r for n, r in report["sinks"].items() if r["state"] != "delivered"}
+        outcome.check(
+            "delivered_after_faults_end",
+            not late,
+            "; ".join(
+                f"{n}: {r['state']} ({r['delivered']} delivered, {r['pending']} pending): {r['error']}" for n, r in late.items()
+            ),
+        )
 
     # -- each sink against the journal and its report ----------------------------------------------
     held = read_sinks(run_dir, jsonl_file, schedule.table_names)
