@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "seed": seed,
                                 "schedule": schedule.describe(),
                                 "seconds": round(outcome.seconds, 1),
+                                "faults": [f.kind for f in schedule.faults],
+                                "checks": dict(outcome.checks),
                                 "violations": [[v.invariant, v.detail] for v in outcome.violations],
                             }
                         )

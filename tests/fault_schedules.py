@@ -281,6 +281,13 @@ def damage(where):
 
 
 def start(f):
+    try:
+        apply(f)
+    except (ProcessLookupError, FileNotFoundError):  # the agent exited between the look and the signal: no fault
+        out.write(f"M {f['kind']} {f['at']}\n")
+
+
+def apply(f):
     kind, arg = f["kind"], f["arg"]
     pid = agent_pid()
     if kind == "disk_full":
