@@ -17,6 +17,7 @@ import pytest
 
 # Together they inject every kind in fs.FAULT_KINDS (checked below); 30 has 20-metric records on a 4 MB disk.
 SEEDS = (3, 5, 7, 8, 10, 12, 15, 30)
+SHRINK_RUNS = 4  # schedules run to shrink a failure (each 10-30 s)
 
 
 def test_the_seeds_inject_every_fault_kind():
