@@ -5,8 +5,16 @@ agent process builds them by name like any third-party backend.
 count deliveries exactly. Its ``mode`` (option, or ``$RLLOG_TEST_MODE_<NAME>`` which wins, so a replay
 can find it healthy) injects faults: ``ok``, ``hang`` (blocks forever), ``crash`` (raises on every write),
 ``down`` (``TransientError`` on every write: a tracker that is down).
+
+``scripted`` takes its mode from a control file (option ``control``, default ``RUN_DIR/<name>.control``:
+``{"mode": ...}``) read again at every call, so a fault schedule (tests/fault_schedules.py) can switch faults
+while the agent runs: the modes above plus ``memory`` (``MemoryError``) and ``emfile`` (``OSError(EMFILE)``),
+the resource errors a tracker's process can raise. A missing or half-written control file reads as ``ok``.
+In this mode each call's lines go to the file in one unbuffered write, so an agent SIGKILLed at any instant
+leaves whole lines (a buffered file could leave half a line for the re-sent record to be appended to).
 """
 
+import errno
 import json
 import os
 import threading
@@ -18,38 +26,63 @@ from rllog.sink import Capabilities
 class JsonlSink:
     capabilities = Capabilities(tables=True, config=False)
 
-    def __init__(self, name="jsonl", mode="ok", file=None):
+    def __init__(self, name="jsonl", mode="ok", file=None, control=None):
         self.name = name
         self.mode = os.environ.get(f"RLLOG_TEST_MODE_{name.upper()}", mode)
         self.file = file or f"{name}.jsonl"
+        self.control = control
 
     def open(self, run_info):
-        self.f = open(os.path.join(run_info.run_dir, self.file), "a")
+        path = os.path.join(run_info.run_dir, self.file)
+        if self.mode == "scripted":
+            self.control = self.control or os.path.join(run_info.run_dir, f"{self.name}.control")
+            self.f = open(path, "ab", buffering=0)
+        else:
+            self.f = open(path, "a")
+
+    def _current_mode(self):
+        if self.mode != "scripted":
+            return self.mode
+        try:
+            with open(self.control) as f:
+                return json.load(f).get("mode", "ok")
+        except (OSError, ValueError):
+            return "ok"
 
     def _check(self):
-        if self.mode == "hang":
+        mode = self._current_mode()
+        if mode == "hang":
             threading.Event().wait()
-        if self.mode == "crash":
+        if mode == "crash":
             raise RuntimeError(f"{self.name} crashed on purpose")
-        if self.mode == "down":
+        if mode == "down":
             raise TransientError(f"{self.name} is down")
+        if mode == "memory":
+            raise MemoryError(f"{self.name} ran out of memory on purpose")
+        if mode == "emfile":
+            raise OSError(errno.EMFILE, "Too many open files (on purpose)")
+
+    def _write_lines(self, items):
+        text = "".join(json.dumps(item) + "\n" for item in items)
+        self.f.write(text.encode() if self.mode == "scripted" else text)
 
     def write_metrics(self, records):
         self._check()
-        for r in records:
-            self.f.write(json.dumps({"seq": r.seq, "step": r.step, "values": dict(r.values)}) + "\n")
+        self._write_lines({"seq": r.seq, "step": r.step, "values": dict(r.values)} for r in records)
 
     def write_table(self, record):
         self._check()
-        self.f.write(
-            json.dumps({"seq": record.seq, "step": record.step, "table": record.name, "rows": record.table.num_rows}) + "\n"
-        )
+        ids = record.table.column("id").to_pylist() if "id" in record.table.column_names else None
+        item = {"seq": record.seq, "step": record.step, "table": record.name, "rows": record.table.num_rows}
+        self._write_lines([item | ({"ids": ids} if ids is not None else {})])
 
     def flush(self):
+        if self._current_mode() in ("memory", "emfile"):  # a resource error can come from any call
+            self._check()
         self.f.flush()
 
     def close(self, status):
-        self.f.write(json.dumps({"status": status}) + "\n")
+        self._write_lines([{"status": status}])
         self.f.close()
 
 
