@@ -567,6 +567,8 @@ class Run(RunBase):
         for follower in self._followers:
             if not follower.join(max(0.0, deadline - time.monotonic())):
                 follower.stop()
+            else:  # in this process nobody restarts a follower: one that ended while running says so, as in the agent
+                follower.settle(patience=max(0.0, deadline - time.monotonic()))
         scan = self._scan(final=True)
         return report(
             self.run_dir, self.sink_names, unwritten=stats.unwritten + len(stats.unencodable), notes=notes, cause=cause, scan=scan

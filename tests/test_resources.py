@@ -328,3 +328,24 @@ def test_a_follower_out_of_memory_in_its_own_work_ends_for_a_restart_from_its_cu
     assert sorted(seqs) == list(range(1, 3001))  # each once
     report = rllog.run.report(run_dir, ["parquet"])
     assert report.ok and report["parquet"].delivered == 3000
+
+
+def test_in_the_trainers_process_a_follower_that_ended_for_a_restart_is_reported_failed_with_its_cause(tmp_path, monkeypatch):
+    """delivery="thread" has no agent to start a follower again: finish settles its cursor and the report names why."""
+    real_advance, calls = Follower._advance, []
+
+    def advance(self):
+        calls.append(self.seq)
+        if len(calls) == 2:
+            raise MemoryError
+        real_advance(self)
+
+    monkeypatch.setattr(Follower, "_advance", advance)
+    sink = MemorySink("memory")
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", delivery="thread", flush_interval=0.05)
+    for i in range(20):
+        run.log({"i": float(i)})
+    report = run.finish(timeout=30)["memory"]
+    assert report.state == "failed" and "MemoryError while delivering" in (report.error or "")
+    saved = json.loads((tmp_path / "r" / "delivery" / "memory.json").read_text())
+    assert saved["state"] == "failed"
