@@ -462,3 +462,13 @@ def test_a_table_cell_that_contains_itself_is_refused_not_a_crash_of_the_trainer
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and all("column 'c', row 0: contains itself" in line for line in lines), lines
     assert rllog.read_table(tmp_path / "r", "t").column("c").to_pylist() == [{"x": 1}]
+
+
+def test_a_5_mb_cell_is_stored_whole(tmp_path):
+    cell = "x" * (5 * 1024 * 1024 - 1) + "!"
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r") as run:
+        run.log_table("big", {"text": [cell, "small"]}, step=1)
+        run.log({"a": 1.0}, step=1)
+    back = rllog.read_table(tmp_path / "r", "big").column("text").to_pylist()
+    assert back == [cell, "small"]
+    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [1.0]

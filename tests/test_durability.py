@@ -709,3 +709,24 @@ def test_a_resumed_run_after_its_delivered_last_frame_was_damaged_delivers_its_n
         ("a", 4.0),  # in the Parquet store since attempt 1: the journal's damage came after
         ("new", 1.0),
     ]
+
+
+def test_two_runs_in_one_process_keep_their_records_apart(tmp_path):
+    import rllog
+
+    one = rllog.init(report_to="parquet", run_dir=tmp_path / "one", project="p")
+    two = rllog.init(report_to="parquet", run_dir=tmp_path / "two", project="p")
+    for step in range(200):
+        one.log({"which": 1.0, "step_seen": float(step)}, step=step)
+        two.log({"which": 2.0}, step=step)
+        if step % 50 == 0:
+            two.log_table("t", {"step": [step]}, step=step)
+    assert one.finish(timeout=60).ok and two.finish(timeout=60).ok
+    first, second = rllog.read_metrics(tmp_path / "one"), rllog.read_metrics(tmp_path / "two")
+    values = lambda table, key: [
+        v for k, v in zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True) if k == key
+    ]  # noqa: E731
+    assert values(first, "which") == [1.0] * 200 and values(first, "step_seen") == [float(s) for s in range(200)]
+    assert values(second, "which") == [2.0] * 200
+    assert rllog.read_table(tmp_path / "two", "t").column("step").to_pylist() == [0, 50, 100, 150]
+    assert not (tmp_path / "one" / "parquet" / "tables").exists() or not any((tmp_path / "one" / "parquet" / "tables").iterdir())
