@@ -3,11 +3,16 @@
 Layout of ``RUN_DIR``::
 
     run.json               RunFile: what the run is and which sinks the agent serves (no secrets)
+    run.lock               held by the process that writes the journal
     journal/*.rlj          the journal (rllog.journal)
     delivery/<sink>.json   each sink's cursor (rllog.delivery.CursorStore)
     delivery/<sink>.lock   held by whoever delivers to that sink now
+    delivery/flush-request the latest flush the trainer asked for (rllog.delivery.request_flush)
     agent.log              the delivery agent's own log
+    trackers/<name>.json   the tracker run a backend chose for this run (rllog_backends._conventions)
     parquet/ ...           file-based sinks write below the run directory
+
+Every file, its schema and version: docs/formats.md.
 
 Everything that reads or writes these files lives here or in the module named beside the file, so
 the formats have one owner each.
@@ -30,6 +35,7 @@ from rllog.records import RunInfo
 from rllog.settings import RUNS_DIR
 
 RUN_FILE = "run.json"
+RUN_FILE_FORMAT = 1
 AGENT_LOG = "agent.log"
 
 
@@ -60,6 +66,9 @@ class RunFile:
     )  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
     program: str = ""  # the trainer's sys.argv[0] and arguments (trackers that show a run's command use them)
     args: list[str] = field(default_factory=list)
+    # docs/formats.md. A file without it is format 1 too (it was written before the field existed); a reader
+    # meets a later format with the fields it knows and ignores the others.
+    format_version: int = RUN_FILE_FORMAT
 
     def run_info(self, run_dir: str | os.PathLike) -> RunInfo:
         starts = tuple(sorted(a["first_seq"] for a in self.attempts)) or (1,)
