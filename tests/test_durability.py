@@ -723,9 +723,11 @@ def test_two_runs_in_one_process_keep_their_records_apart(tmp_path):
             two.log_table("t", {"step": [step]}, step=step)
     assert one.finish(timeout=60).ok and two.finish(timeout=60).ok
     first, second = rllog.read_metrics(tmp_path / "one"), rllog.read_metrics(tmp_path / "two")
-    values = lambda table, key: [
-        v for k, v in zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True) if k == key
-    ]  # noqa: E731
+
+    def values(table, key):
+        keys, column = table.column("key").to_pylist(), table.column("value").to_pylist()
+        return [v for k, v in zip(keys, column, strict=True) if k == key]
+
     assert values(first, "which") == [1.0] * 200 and values(first, "step_seen") == [float(s) for s in range(200)]
     assert values(second, "which") == [2.0] * 200
     assert rllog.read_table(tmp_path / "two", "t").column("step").to_pylist() == [0, 50, 100, 150]
