@@ -139,7 +139,7 @@ def write_docs(args, faults, checks, violated, first, shrunk, elapsed) -> None:
             lines.append(f"- `{invariant}` (seed {seeds[0][0]}): {first[invariant].describe()}")
             if invariant in shrunk:
                 lines.append(f"  shrunk to: {shrunk[invariant].describe()}")
-            lines.append(f"  {seeds[0][1][:400]}")
+            lines.append("  " + " ".join(seeds[0][1].split())[:400])
         lines.append("")
     DOCS.write_text("\n".join(lines))
     print(f"wrote {DOCS}")
