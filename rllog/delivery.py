@@ -152,7 +152,7 @@ class Cursor:
         ahead: seqs above ``seq`` that are durable too (a batch that failed midway).
         dead_letters: records the sink rejected for good: ``{"seq", "step", "kind", "error"}``
             (the first :data:`DEAD_LETTERS_KEPT`); ``dead_letter_count`` is exact.
-        damage: what the reader skipped (damaged bytes, torn tails).
+        damage: what the reader skipped (damaged bytes, torn tails), and where (each place counted once).
     """
 
     seq: int = 0
@@ -162,7 +162,7 @@ class Cursor:
     status: str | None = None
     dead_letters: list[dict] = field(default_factory=list)
     dead_letter_count: int = 0
-    damage: dict[str, int] = field(default_factory=dict)
+    damage: dict[str, Any] = field(default_factory=dict)
     pid: int | None = None
     time: float | None = None
 

@@ -74,6 +74,7 @@ DECODE_ERRORS: tuple[type[BaseException], ...] = (
     struct.error,
     pa.ArrowNotImplementedError,  # an Arrow stream naming a type that does not exist
 )
+DAMAGE_PLACES_KEPT = 1000  # places of damage a Damage remembers (and a cursor file lists) to count each once
 MAX_FRAME = 1 << 31  # a length above this is damage, not data (a table of 2 GiB is refused long before)
 
 
@@ -559,6 +560,30 @@ class Damage:
     damaged_bytes: int = 0
     damaged_frames: int = 0  # frames whose header held but whose payload did not match its checksum
     torn_bytes: int = 0
+    # Where each count came from ("<segment>:<offset>"), so that a reader going over the same bytes again (a
+    # follower restarted from a cursor behind them, a replay) does not count them twice. Beyond DAMAGE_PLACES_KEPT
+    # places the counts go on without them.
+    places: list[str] = field(default_factory=list)
+
+    def add(self, segment: str, offset: int, damaged: int = 0, frames: int = 0, torn: int = 0) -> bool:
+        """Count damage found at ``offset`` of ``segment``; False (nothing counted) when it was counted already."""
+        place = f"{segment}:{offset}"
+        if place in self._known:
+            return False
+        if len(self.places) < DAMAGE_PLACES_KEPT:
+            self.places.append(place)
+            self._known.add(place)
+        self.damaged_bytes += damaged
+        self.damaged_frames += frames
+        self.torn_bytes += torn
+        return True
+
+    @property
+    def _known(self) -> set[str]:
+        known = self.__dict__.get("_known_places")
+        if known is None or len(known) != len(self.places):
+            known = self.__dict__["_known_places"] = set(self.places)
+        return known
 
     def __bool__(self) -> bool:
         return bool(self.damaged_bytes or self.torn_bytes)
@@ -571,8 +596,13 @@ class Damage:
             parts.append(f"{self.torn_bytes} bytes of torn tails (a writer killed mid-write)")
         return "; ".join(parts)
 
-    def as_dict(self) -> dict[str, int]:
-        return {"damaged_bytes": self.damaged_bytes, "damaged_frames": self.damaged_frames, "torn_bytes": self.torn_bytes}
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "damaged_bytes": self.damaged_bytes,
+            "damaged_frames": self.damaged_frames,
+            "torn_bytes": self.torn_bytes,
+            "places": list(self.places),
+        }
 
 
 class JournalReader:
@@ -669,10 +699,14 @@ class JournalReader:
             raise
         return out
 
+    @property
+    def _segment_name(self) -> str:
+        return self._path.name if self._path is not None else ""
+
     def _skip_rest(self, size: int, why: str) -> None:
         n = size - self._offset
         if why == "damaged":
-            self.damage.damaged_bytes += n
+            self.damage.add(self._segment_name, self._offset, damaged=n)
             log.warning(
                 "rllog journal: %s: skipping %d damaged bytes at offset %d (no valid frame after them)",
                 self._path,
@@ -680,7 +714,7 @@ class JournalReader:
                 self._offset,
             )
         else:
-            self.damage.torn_bytes += n
+            self.damage.add(self._segment_name, self._offset, torn=n)
             log.warning("rllog journal: %s: skipping a torn tail of %d bytes (a writer killed mid-write)", self._path, n)
         self._offset = size
 
@@ -700,7 +734,7 @@ class JournalReader:
             if len(buf) == want and why in ("need", "damaged"):  # the file holds more than this chunk
                 if why == "damaged":  # no valid header in this chunk: skip what was searched, go on
                     skipped = len(buf) - pos - HEADER.size + 1
-                    self.damage.damaged_bytes += skipped
+                    self.damage.add(self._segment_name, self._offset, damaged=skipped)
                     self._offset += skipped
                 elif pos == 0:  # one frame bigger than the chunk: read it whole
                     want = max(want * 2, self._need)
@@ -733,7 +767,7 @@ class JournalReader:
                     nxt = self._resync(buf, pos + 1)
                     if nxt is None:
                         return pos, "damaged"
-                    self.damage.damaged_bytes += nxt - pos
+                    self.damage.add(self._segment_name, self._offset + pos, damaged=nxt - pos)
                     log.warning(
                         "rllog journal: %s: damaged bytes at offset %d; resynchronised %d bytes later",
                         self._path,
@@ -780,8 +814,7 @@ class JournalReader:
         return pos, "need"
 
     def _count_bad_frame(self, pos: int, size: int, why: str) -> None:
-        self.damage.damaged_bytes += size
-        self.damage.damaged_frames += 1
+        self.damage.add(self._segment_name, self._offset + pos, damaged=size, frames=1)
         log.warning("rllog journal: %s: the frame at offset %d %s; skipped", self._path, self._offset + pos, why)
 
     @staticmethod

@@ -170,3 +170,28 @@ def test_wait_written_returns_when_the_entry_is_handed_to_the_os(tmp_path):
     assert [r.values["v"] for r in read_all(tmp_path) if isinstance(r, MetricsRecord)] == [1.0]
     w.close("finished")
     assert w.wait_written(5, timeout=10.0) is False  # a writer that stopped is not waited for
+
+
+def test_damage_read_again_from_an_earlier_cursor_is_counted_once(tmp_path):
+    """A follower saves what its reader skipped while its cursor is still before it; restarted from that cursor
+    (the agent killed), its reader goes over the same bytes again: the explorer's seed 1177 counted 2 frames for 1."""
+    write_records(tmp_path, 30)
+    seg = next((tmp_path / "journal").glob("*.rlj"))
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one payload byte in the middle
+    seg.write_bytes(bytes(data))
+    first = JournalReader(tmp_path)
+    read = first.read(1000, final=True)
+    assert first.damage.damaged_frames == 1 and len(read) == 30  # 29 records and the end marker
+    saved = first.damage.as_dict()  # what the cursor file holds
+    again = JournalReader(tmp_path)  # from the same (earlier) cursor
+    again.damage = journal.Damage(**saved)
+    assert len(again.read(1000, final=True)) == 30
+    assert again.damage.as_dict() == saved  # the same frame, counted once
+    other = bytearray(seg.read_bytes())
+    other[-60] ^= 0xFF  # new damage, elsewhere, is still counted
+    seg.write_bytes(bytes(other))
+    third = JournalReader(tmp_path)
+    third.damage = journal.Damage(**saved)
+    third.read(1000, final=True)
+    assert len(third.damage.places) == 2 and third.damage.damaged_bytes > saved["damaged_bytes"]
