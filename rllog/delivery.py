@@ -797,7 +797,8 @@ class Follower:
         """Run ``fn`` with retries. Returns None on success, else the error (state saved).
 
         Retried: :class:`TransientError` and what this machine ran out of (:func:`is_resource_exhausted`),
-        until ``retry.give_up_after``. With ``permanent_ok`` another error is returned to the caller (the
+        until ``retry.give_up_after`` (a live run's follower waits for what the machine ran out of until it is
+        stopped). With ``permanent_ok`` another error is returned to the caller (the
         record may be bad); otherwise it fails the sink. ``what`` names the work in messages.
         """
         attempt, first_failure = 0, None
@@ -820,7 +821,12 @@ class Follower:
                     # what the cursor, and a report made meanwhile, say while this waits; not waited for itself
                     self.error = f"{RETRY_NOTE} {time.strftime('%H:%M:%S')}: {prefix}{type(exc).__name__}: {exc}"
                     self._save(self.state, wait=False)
-                if self.retry.give_up_after is not None and now - first_failure >= self.retry.give_up_after:
+                # What this machine ran out of is waited for while the run lives (finish's deadline ends the wait,
+                # its records pending and the cause named), as the journal waits out a full disk; a replay, which
+                # nobody else stops, gives up on it like on a tracker that stays down.
+                waits_for_the_run = self.follow and is_resource_exhausted(exc)
+                give_up = self.retry.give_up_after is not None and not waits_for_the_run
+                if give_up and now - first_failure >= (self.retry.give_up_after or 0.0):
                     return self._fail(exc, SinkState.GAVE_UP, prefix)
                 wait = self.retry.delay(attempt, exc)
                 log.info("rllog: sink %r: %s%s: %s; retrying in %.2fs", self.name, prefix, type(exc).__name__, exc, wait)

@@ -53,7 +53,7 @@ def test_a_memory_error_while_decoding_a_frame_is_waited_out_and_the_frame_deliv
     assert raised == [500]
     assert sink.seqs == list(range(1, 1001))  # seq 500 once, in its place
     saved = json.loads((run_dir / "delivery" / "memory.json").read_text())
-    assert saved["damage"] == {"damaged_bytes": 0, "damaged_frames": 0, "torn_bytes": 0}
+    assert saved["damage"] == {"damaged_bytes": 0, "damaged_frames": 0, "torn_bytes": 0, "places": []}
     assert (saved["state"], saved["seq"], saved["error"]) == ("closed", 1000, None)
     report = rllog.run.report(run_dir, ["memory"])
     assert report.ok and report["memory"].delivered == 1000 and not report.journal_damage
@@ -349,3 +349,38 @@ def test_in_the_trainers_process_a_follower_that_ended_for_a_restart_is_reported
     assert report.state == "failed" and "MemoryError while delivering" in (report.error or "")
     saved = json.loads((tmp_path / "r" / "delivery" / "memory.json").read_text())
     assert saved["state"] == "failed"
+
+
+class RunsOutThenRecovers(MemorySink):
+    """Raises ``error`` for its first ``seconds`` of writes, then takes everything."""
+
+    def __init__(self, name: str, error: Exception, seconds: float):
+        super().__init__(name)
+        self.error, self.seconds, self.first = error, seconds, None
+
+    def write_metrics(self, records):
+        import time
+
+        self.first = self.first or time.monotonic()
+        if time.monotonic() - self.first < self.seconds:
+            raise self.error
+        super().write_metrics(records)
+
+
+@pytest.mark.parametrize(
+    ("error", "waited"),
+    [(OSError(errno.EMFILE, "Too many open files"), True), (MemoryError(), True), (TransientError("tracker down"), False)],
+)
+def test_a_live_follower_waits_out_what_the_machine_ran_out_of_past_give_up_after(tmp_path, error, waited):
+    """A live run gives up on a tracker down past give_up_after, never on memory or descriptors (they come back)."""
+    run_dir = tmp_path / "r"
+    logged_run(run_dir, 50)
+    sink = RunsOutThenRecovers("out", error, seconds=1.0)
+    policy = RetryPolicy(base=0.01, cap=0.05, give_up_after=0.3)
+    follower = Follower("out", sink, load_run_info(run_dir)[0], follow=True, writer_gone=lambda: True, retry=policy)
+    assert follower.start().join(60)
+    saved = json.loads((run_dir / "delivery" / "out.json").read_text())
+    if waited:
+        assert sink.seqs == list(range(1, 51)) and saved["state"] == "closed"
+    else:
+        assert sink.seqs == [] and saved["state"] == "gave_up" and "tracker down" in saved["error"]
