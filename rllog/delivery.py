@@ -453,6 +453,7 @@ class Follower:
         self.status: str | None = self.saved.status
         self.thread: threading.Thread | None = None
         self._dirty = False  # written since the last flush
+        self._closing = False  # close() was called on the sink
         self._flush_request = FlushRequest(run_info.run_dir)
         self._saved_key = ""  # what the cursor file holds (see _save)
         self._delivered_seq = self.seq  # the last seq handed to the sink (or skipped)
@@ -806,12 +807,10 @@ class Follower:
         while True:
             try:
                 fn()
-                if first_failure is not None and self.error is not None:  # the retry note is no longer true
-                    self.error = None
-                    self._save(self.state, wait=False)
-                return None
             except Exception as exc:
                 if not isinstance(exc, TransientError) and not is_resource_exhausted(exc):
+                    if self.error is not None and self.error.startswith(RETRY_NOTE):  # retrying is over either way
+                        self.error = None
                     if permanent_ok:
                         return f"{type(exc).__name__}: {exc}"
                     return self._fail(exc, prefix=prefix)
@@ -834,10 +833,16 @@ class Follower:
                 self._sleep(wait)
                 if self._stop.is_set():
                     return self._fail(exc, SinkState.STOPPED, prefix)
+            else:  # outside the try: a cursor save that fails is not the sink rejecting what it took
+                if self.error is not None and self.error.startswith(RETRY_NOTE):  # the retry note is no longer true
+                    self.error = None
+                    self._save(self.state, wait=False)
+                return None
 
     def _close(self, status: str) -> None:
         if self.sink is not None:
             sink: Any = self.sink
+            self._closing = True
             if self._call(lambda: sink.close(status)) is not None:
                 return
             self._durable |= self._in_flight  # close flushes
@@ -863,8 +868,8 @@ class Follower:
         and holds count as delivered. Left in flight, they would stay behind the cursor and ``rllog replay`` would
         send them again: a tracker that sends on write (wandb, MLflow, trackio) would show them twice."""
         flush = getattr(self.sink, "flush", None)
-        if not self._in_flight or flush is None:
-            return
+        if not self._in_flight or flush is None or self._closing:  # a sink whose close failed may be half closed:
+            return  # its flush could return without writing anything, and the cursor must not move on that
         try:
             flush()
         except Exception as exc:  # the sink is broken already; what it holds stays pending

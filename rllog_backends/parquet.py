@@ -29,6 +29,7 @@ directly (the parts only: a running run's latest flushes are in the tails)::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -416,10 +417,10 @@ class ParquetSink:
                 return
         except OSError:
             return
-        if holds_reserve(self._journal):
+        if holds_reserve(self._journal):  # a full disk to the delivery layer: waited for while the run lives
             raise TransientError(
                 f"disk full: {free} bytes free in {self.directory}, under the {JOURNAL_RESERVE_MIN_BYTES} kept for the run's journal"
-            )
+            ) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def _make_room_for_a_tail(self, store: PartStore) -> None:
         """Before ``store`` opens a tail: close the least recently written open tails past the cap (a flush that

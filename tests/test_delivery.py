@@ -566,3 +566,66 @@ def test_a_sink_that_breaks_keeps_what_it_took_so_a_replay_sends_nothing_twice(t
     follower = Follower("breaks", again, rllog.rundir.load_run_info(tmp_path / "r")[0], follow=False).start()
     assert follower.join(30)
     assert again.seqs == list(range(21, 61))
+
+
+class CloseFailsSink(MemorySink):
+    """Buffers until flush; its close raises, and leaves it half closed: a flush then writes nothing."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.buffered, self.closed = [], False
+
+    def write_metrics(self, records):
+        self.buffered.extend(records)
+
+    def flush(self):
+        if not self.closed:
+            self.metrics.extend(self.buffered)
+            self.buffered = []
+
+    def close(self, status):
+        self.closed = True
+        raise RuntimeError("close failed")
+
+
+def test_a_sink_whose_close_failed_is_not_flushed_into_a_cursor_that_moves(tmp_path):
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="none", run_dir=run_dir) as run:
+        for i in range(10):
+            run.log({"i": float(i)})
+    (run_dir / "delivery" / "flush-request").unlink(missing_ok=True)  # nothing asks for a flush before the close
+    sink = CloseFailsSink("closing")
+    follower = Follower("closing", sink, rllog.rundir.load_run_info(run_dir)[0], follow=False, flush_interval=3600)
+    assert follower.start().join(30)
+    saved = CursorStore(run_dir, "closing").load()
+    assert sink.metrics == [] and len(sink.buffered) == 10  # taken, never written
+    assert (saved.state, saved.seq) == ("failed", 0)  # so a replay sends all 10 again
+
+
+class OnceDownThenRejectsOne(MemorySink):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.calls = 0
+
+    def write_metrics(self, records):
+        self.calls += 1
+        if self.calls == 1:
+            raise TransientError("down for a moment")
+        if any(r.seq == 5 for r in records):
+            raise ValueError("seq 5 is bad")
+        super().write_metrics(records)
+
+
+def test_the_retry_note_is_cleared_when_retrying_ends_in_a_rejection(tmp_path):
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="none", run_dir=run_dir) as run:
+        for i in range(10):
+            run.log({"i": float(i)})
+    sink = OnceDownThenRejectsOne("flaky")
+    follower = Follower(
+        "flaky", sink, rllog.rundir.load_run_info(run_dir)[0], follow=False, retry=RetryPolicy(base=0.01, cap=0.02)
+    )
+    assert follower.start().join(30)
+    saved = CursorStore(run_dir, "flaky").load()
+    assert sink.seqs == [1, 2, 3, 4, 6, 7, 8, 9, 10] and saved.dead_letter_count == 1
+    assert (saved.state, saved.error) == ("closed", None)  # not "retrying since ..." on a sink that delivered

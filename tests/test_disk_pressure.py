@@ -269,3 +269,19 @@ def test_a_kill_inside_the_close_time_merge_is_finished_by_replay(tmp_path):
     assert sorted(zip(rows["seq"].to_pylist(), rows["key"].to_pylist(), strict=True)) == sorted(
         [(s + 1, "a") for s in range(400)] + [(s + 1, "b") for s in range(400)]
     )
+
+
+def test_parquets_yield_to_the_journal_is_a_full_disk_to_the_delivery_layer(tmp_path, monkeypatch):
+    """The yield raises no OSError of its own; without one behind it, a live run gave it up after give_up_after."""
+    from rllog.sink_errors import is_resource_exhausted
+    from rllog_backends import parquet
+
+    run = rllog.init(report_to="none", run_dir=tmp_path / "r")
+    run.finish()
+    sink = parquet.ParquetSink()
+    sink.open(rllog.rundir.load_run_info(tmp_path / "r")[0])
+    monkeypatch.setattr(parquet, "free_bytes", lambda path: 0)  # a disk with nothing free
+    monkeypatch.setattr(parquet, "holds_reserve", lambda journal: True)  # and a live journal's reserve on it
+    with pytest.raises(TransientError) as raised:
+        sink._check_room()
+    assert "disk full" in str(raised.value) and is_resource_exhausted(raised.value)
