@@ -821,9 +821,9 @@ class Follower:
                     self.error = f"{RETRY_NOTE} {time.strftime('%H:%M:%S')}: {prefix}{type(exc).__name__}: {exc}"
                     self._save(self.state, wait=False)
                 # What this machine ran out of is waited for while the run lives (finish's deadline ends the wait,
-                # its records pending and the cause named), as the journal waits out a full disk; a replay, which
-                # nobody else stops, gives up on it like on a tracker that stays down.
-                waits_for_the_run = self.follow and is_resource_exhausted(exc)
+                # its records pending and the cause named), as the journal waits out a full disk; a replay, or an
+                # agent whose trainer died (nobody will call finish), gives up on it like on a tracker that stays down.
+                waits_for_the_run = self.follow and is_resource_exhausted(exc) and not self.writer_gone()
                 give_up = self.retry.give_up_after is not None and not waits_for_the_run
                 if give_up and now - first_failure >= (self.retry.give_up_after or 0.0):
                     return self._fail(exc, SinkState.GAVE_UP, prefix)
@@ -858,13 +858,14 @@ class Follower:
     def _fail(self, exc: BaseException, state: str = SinkState.FAILED, prefix: str = "") -> str:
         self.error = f"{prefix}{type(exc).__name__}: {exc}"
         log.error("rllog: sink %r %s at seq %d: %s", self.name, state.replace("_", " "), self.seq, self.error)
-        if state in SinkState.BROKEN:
+        if state in SinkState.BROKEN or state == SinkState.STOPPED:
             self._keep_what_the_sink_holds()
         self._save(state)
         return self.error
 
     def _keep_what_the_sink_holds(self) -> None:
-        """Before delivery stops on a broken sink: one flush, not retried, so that the records the sink accepted
+        """Before delivery stops on a broken sink, or is stopped at the deadline while a call is retried: one
+        flush, not retried, so that the records the sink accepted
         and holds count as delivered. Left in flight, they would stay behind the cursor and ``rllog replay`` would
         send them again: a tracker that sends on write (wandb, MLflow, trackio) would show them twice."""
         flush = getattr(self.sink, "flush", None)

@@ -53,6 +53,7 @@ from rllog.settings import (
     SIGTERM_LOCK_PROBE_SECONDS,
     SIGTERM_RESEND_SECONDS,
     SIGTERM_RESENDS,
+    STOP_GRACE_SECONDS,
     SYSTEM_METRICS_INTERVAL,
 )
 from rllog.values import (
@@ -566,7 +567,8 @@ class Run(RunBase):
                 notes.append(f"the delivery agent was restarted {self._agent.restarts} times")
         for follower in self._followers:
             if not follower.join(max(0.0, deadline - time.monotonic())):
-                follower.stop()
+                follower.stop()  # one retrying wakes, keeps what its sink holds and saves its cursor: a moment
+                follower.join(STOP_GRACE_SECONDS)
             else:  # in this process nobody restarts a follower: one that ended while running says so, as in the agent
                 follower.settle(patience=max(0.0, deadline - time.monotonic()))
         scan = self._scan(final=True)

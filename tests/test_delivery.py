@@ -629,3 +629,33 @@ def test_the_retry_note_is_cleared_when_retrying_ends_in_a_rejection(tmp_path):
     saved = CursorStore(run_dir, "flaky").load()
     assert sink.seqs == [1, 2, 3, 4, 6, 7, 8, 9, 10] and saved.dead_letter_count == 1
     assert (saved.state, saved.error) == ("closed", None)  # not "retrying since ..." on a sink that delivered
+
+
+class GoesDownAfterSink(MemorySink):
+    """Takes the first ``good`` records (in flight, waiting for a flush), then is down (TransientError) for good."""
+
+    def __init__(self, name: str, good: int):
+        super().__init__(name)
+        self.good = good
+
+    def write_metrics(self, records):
+        if len(self.metrics) + len(records) > self.good:
+            raise TransientError("tracker down")
+        super().write_metrics(records)
+
+
+def test_a_sink_down_at_the_deadline_keeps_what_it_took_so_a_replay_sends_nothing_twice(tmp_path):
+    # The explorer's seed 20028: stopped at finish's deadline while retrying, the follower left what the sink had
+    # taken behind the cursor, and the replay sent those 80 records again.
+    sink = GoesDownAfterSink("down", good=20)
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
+    for i in range(60):
+        run.log({"i": float(i)})
+        if i < 20:
+            assert wait_until(lambda i=i: len(sink.metrics) == i + 1, 30)
+    report = run.finish(timeout=2)["down"]
+    assert report.state == "pending" and (report.delivered, report.pending) == (20, 40)
+    again = MemorySink("down")
+    follower = Follower("down", again, rllog.rundir.load_run_info(tmp_path / "r")[0], follow=False).start()
+    assert follower.join(30)
+    assert again.seqs == list(range(21, 61))

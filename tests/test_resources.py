@@ -368,19 +368,26 @@ class RunsOutThenRecovers(MemorySink):
 
 
 @pytest.mark.parametrize(
-    ("error", "waited"),
-    [(OSError(errno.EMFILE, "Too many open files"), True), (MemoryError(), True), (TransientError("tracker down"), False)],
+    ("error", "trainer_gone", "waited"),
+    [
+        (OSError(errno.EMFILE, "Too many open files"), False, True),
+        (MemoryError(), False, True),
+        (TransientError("tracker down"), False, False),
+        (OSError(errno.EMFILE, "Too many open files"), True, False),  # nobody will call finish: the agent must end
+    ],
 )
-def test_a_live_follower_waits_out_what_the_machine_ran_out_of_past_give_up_after(tmp_path, error, waited):
-    """A live run gives up on a tracker down past give_up_after, never on memory or descriptors (they come back)."""
+def test_a_live_follower_waits_out_what_the_machine_ran_out_of_past_give_up_after(tmp_path, error, trainer_gone, waited):
+    """A live run gives up on a tracker down past give_up_after, never on memory or descriptors (they come back),
+    unless its trainer is gone (an orphaned agent would otherwise wait for ever)."""
     run_dir = tmp_path / "r"
     logged_run(run_dir, 50)
     sink = RunsOutThenRecovers("out", error, seconds=1.0)
     policy = RetryPolicy(base=0.01, cap=0.05, give_up_after=0.3)
-    follower = Follower("out", sink, load_run_info(run_dir)[0], follow=True, writer_gone=lambda: True, retry=policy)
+    gone = lambda: trainer_gone  # noqa: E731
+    follower = Follower("out", sink, load_run_info(run_dir)[0], follow=True, writer_gone=gone, retry=policy)
     assert follower.start().join(60)
     saved = json.loads((run_dir / "delivery" / "out.json").read_text())
     if waited:
         assert sink.seqs == list(range(1, 51)) and saved["state"] == "closed"
     else:
-        assert sink.seqs == [] and saved["state"] == "gave_up" and "tracker down" in saved["error"]
+        assert sink.seqs == [] and saved["state"] == "gave_up" and str(error) in saved["error"]
