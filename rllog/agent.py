@@ -19,6 +19,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -741,6 +742,7 @@ def serve(
     if follow:
         FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
+        _stop_followers_on_sigterm(followers)
     orphaned_at = None
     ended: set[str] = set()
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
@@ -764,6 +766,20 @@ def serve(
         if f.name not in ended:
             f.settle()
     return len([f for f in followers if f.state != SinkState.CLOSED])
+
+
+def _stop_followers_on_sigterm(followers: list) -> None:
+    """``finish``'s deadline stops the agent with SIGTERM (then SIGKILL, :data:`STOP_GRACE_SECONDS` later): each
+    follower is told to stop, so one that is retrying a tracker that is down keeps what its sink holds and saves its
+    cursor before the process ends (killed outright, the records the sink had taken were sent again by a replay)."""
+    if threading.current_thread() is not threading.main_thread():  # serve() run by a test or an embedding program
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        for follower in followers:
+            follower.stop()
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _lower_priority(idle: bool) -> None:

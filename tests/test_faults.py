@@ -271,3 +271,24 @@ def test_429_storm_against_a_real_mlflow_server_loses_and_duplicates_nothing(tmp
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted((m.step, m.value) for m in history) == [(s, s * scale) for s in range(500)], key  # each exactly once
     assert run.info.status == "FINISHED"
+
+
+def test_a_tracker_down_at_the_deadline_keeps_what_it_took_and_replay_sends_the_rest_once(tmp_path, test_backends):
+    """finish's deadline stops the agent with SIGTERM: its followers keep what their sinks took before it exits (the
+    explorer's seed 20028; killed outright, the replay sent those 80 records again)."""
+    from rllog_test_backends import read_jsonl
+
+    run_dir = tmp_path / "r"
+    run = rllog.init(report_to="jsonl", run_dir=run_dir, flush_interval=3600, backend_options={"jsonl": {"mode": "scripted"}})
+    for i in range(20):
+        run.log({"i": float(i)})
+    assert wait_until(lambda: len(read_jsonl(run_dir / "jsonl.jsonl")[0]) == 20, 60)
+    (run_dir / "jsonl.control").write_text(json.dumps({"mode": "down"}))
+    for i in range(20, 60):
+        run.log({"i": float(i)})
+    report = run.finish(timeout=3)["jsonl"]
+    assert report.state == "pending" and (report.delivered, report.pending) == (20, 40)
+    (run_dir / "jsonl.control").unlink()
+    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
+    seqs = [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]]
+    assert sorted(seqs) == list(range(1, 61))  # each once
