@@ -536,34 +536,42 @@ def test_in_process_followers_honour_a_flush_request_once_the_journal_holds_its_
     assert run.finish(timeout=30).ok
 
 
-class BreaksAfterSink(MemorySink):
-    """Takes the first ``good`` records (in flight, waiting for a flush), then raises on every write."""
+class FailsAfterSink(MemorySink):
+    """Takes the first ``good`` records (in flight, waiting for a flush), then raises ``error`` on every write."""
 
-    def __init__(self, name: str, good: int):
+    def __init__(self, name: str, good: int, error: Exception):
         super().__init__(name)
-        self.good = good
+        self.good, self.error = good, error
 
     def write_metrics(self, records):
         if len(self.metrics) + len(records) > self.good:
-            raise RuntimeError("tracker broke")
+            raise self.error
         super().write_metrics(records)
 
 
-def test_a_sink_that_breaks_keeps_what_it_took_so_a_replay_sends_nothing_twice(tmp_path):
-    # One call per record (poll every record), no periodic flush: the 20 records the sink took are in flight
-    # when it breaks. Left behind the cursor, a replay sent them again (a tracker that sends on write: twice).
-    sink = BreaksAfterSink("breaks", good=20)
+@pytest.mark.parametrize(
+    ("error", "finish_timeout", "state"),
+    [
+        (RuntimeError("tracker broke"), 30, "failed"),  # broken for good: the explorer's seed 96, 520 records twice
+        (TransientError("tracker down"), 2, "pending"),  # stopped at the deadline while retrying: seed 20028, 80 twice
+    ],
+)
+def test_a_sink_that_stops_taking_records_keeps_what_it_took_so_a_replay_sends_nothing_twice(
+    tmp_path, error, finish_timeout, state
+):
+    # One call per record, no periodic flush: the 20 records the sink took are in flight when it stops taking
+    # more. Left behind the cursor, a replay sent them again (a tracker that sends on write: twice).
+    sink = FailsAfterSink("fails", good=20, error=error)
     run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
     for i in range(60):
         run.log({"i": float(i)})
         if i < 20:
             assert wait_until(lambda i=i: len(sink.metrics) == i + 1, 30)
-    report = run.finish(timeout=30)
-    assert report["breaks"].state == "failed"
-    assert (report["breaks"].delivered, report["breaks"].pending) == (20, 40)
-    assert CursorStore(tmp_path / "r", "breaks").load().seq == 20
-    again = MemorySink("breaks")
-    follower = Follower("breaks", again, rllog.rundir.load_run_info(tmp_path / "r")[0], follow=False).start()
+    report = run.finish(timeout=finish_timeout)["fails"]
+    assert report.state == state and (report.delivered, report.pending) == (20, 40)
+    assert CursorStore(tmp_path / "r", "fails").load().seq == 20
+    again = MemorySink("fails")
+    follower = Follower("fails", again, rllog.rundir.load_run_info(tmp_path / "r")[0], follow=False).start()
     assert follower.join(30)
     assert again.seqs == list(range(21, 61))
 
@@ -629,33 +637,3 @@ def test_the_retry_note_is_cleared_when_retrying_ends_in_a_rejection(tmp_path):
     saved = CursorStore(run_dir, "flaky").load()
     assert sink.seqs == [1, 2, 3, 4, 6, 7, 8, 9, 10] and saved.dead_letter_count == 1
     assert (saved.state, saved.error) == ("closed", None)  # not "retrying since ..." on a sink that delivered
-
-
-class GoesDownAfterSink(MemorySink):
-    """Takes the first ``good`` records (in flight, waiting for a flush), then is down (TransientError) for good."""
-
-    def __init__(self, name: str, good: int):
-        super().__init__(name)
-        self.good = good
-
-    def write_metrics(self, records):
-        if len(self.metrics) + len(records) > self.good:
-            raise TransientError("tracker down")
-        super().write_metrics(records)
-
-
-def test_a_sink_down_at_the_deadline_keeps_what_it_took_so_a_replay_sends_nothing_twice(tmp_path):
-    # The explorer's seed 20028: stopped at finish's deadline while retrying, the follower left what the sink had
-    # taken behind the cursor, and the replay sent those 80 records again.
-    sink = GoesDownAfterSink("down", good=20)
-    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
-    for i in range(60):
-        run.log({"i": float(i)})
-        if i < 20:
-            assert wait_until(lambda i=i: len(sink.metrics) == i + 1, 30)
-    report = run.finish(timeout=2)["down"]
-    assert report.state == "pending" and (report.delivered, report.pending) == (20, 40)
-    again = MemorySink("down")
-    follower = Follower("down", again, rllog.rundir.load_run_info(tmp_path / "r")[0], follow=False).start()
-    assert follower.join(30)
-    assert again.seqs == list(range(21, 61))
