@@ -301,6 +301,20 @@ def test_a_follower_thread_that_ended_while_running_is_named_in_its_cursor_by_th
     assert report.state == "failed" and "Too many open files" in report.error
 
 
+def out_of_memory_at_advance(monkeypatch, call: int):
+    """Make the ``call``-th ``Follower._advance`` (the follower's own bookkeeping) raise MemoryError; returns the real one."""
+    real_advance, calls = Follower._advance, []
+
+    def advance(self):
+        calls.append(self.seq)
+        if len(calls) == call:
+            raise MemoryError
+        real_advance(self)
+
+    monkeypatch.setattr(Follower, "_advance", advance)
+    return real_advance
+
+
 def test_a_follower_out_of_memory_in_its_own_work_ends_for_a_restart_from_its_cursor_and_nothing_is_lost(tmp_path, monkeypatch):
     """Outside a sink call or a journal read, the follower's records in memory may be half booked: it ends with its
     cursor saying why, and a follower started again from that cursor (what its agent does) delivers the rest once."""
@@ -308,15 +322,7 @@ def test_a_follower_out_of_memory_in_its_own_work_ends_for_a_restart_from_its_cu
 
     run_dir = tmp_path / "r"
     logged_run(run_dir, 3000)
-    real_advance, calls = Follower._advance, []
-
-    def advance(self):
-        calls.append(self.seq)
-        if len(calls) == 3:
-            raise MemoryError
-        real_advance(self)
-
-    monkeypatch.setattr(Follower, "_advance", advance)
+    real_advance = out_of_memory_at_advance(monkeypatch, call=3)
     first = Follower("parquet", ParquetSink(), load_run_info(run_dir)[0], follow=True, batch_size=500)
     assert first.start().join(60)
     saved = json.loads((run_dir / "delivery" / "parquet.json").read_text())
@@ -332,15 +338,7 @@ def test_a_follower_out_of_memory_in_its_own_work_ends_for_a_restart_from_its_cu
 
 def test_in_the_trainers_process_a_follower_that_ended_for_a_restart_is_reported_failed_with_its_cause(tmp_path, monkeypatch):
     """delivery="thread" has no agent to start a follower again: finish settles its cursor and the report names why."""
-    real_advance, calls = Follower._advance, []
-
-    def advance(self):
-        calls.append(self.seq)
-        if len(calls) == 2:
-            raise MemoryError
-        real_advance(self)
-
-    monkeypatch.setattr(Follower, "_advance", advance)
+    out_of_memory_at_advance(monkeypatch, call=2)
     sink = MemorySink("memory")
     run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", delivery="thread", flush_interval=0.05)
     for i in range(20):
