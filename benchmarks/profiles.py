@@ -133,7 +133,7 @@ def case_tables(params: dict, workdir: Path) -> dict:
     import scaling
 
     from rllog.records import RunInfo, TableRecord
-    from rllog.values import to_arrow_table
+    from rllog.validate import to_arrow_table
     from rllog_backends.parquet import ParquetSink
 
     tables = [scaling.completions(params["rows"], step) for step in range(params["count"])]

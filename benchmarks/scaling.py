@@ -63,7 +63,7 @@ def case_tables_compare(params: dict, workdir: Path) -> dict:
     import pyarrow.parquet as pq
 
     from rllog.records import RunInfo, TableRecord
-    from rllog.values import to_arrow_table
+    from rllog.validate import to_arrow_table
     from rllog_backends.parquet import ParquetSink
 
     count = params["count"]

@@ -12,6 +12,7 @@ Importing rllog imports no tracker, torch, trl or transformers.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from rllog.errors import (  # noqa: F401  (re-exported)
@@ -48,8 +49,18 @@ __all__ = [
 _current: Run | NullRun | None = None
 
 
+REINIT_MODES = ("finish_previous", "create_new")
+WORKERS_DOC = "docs/workers.md"
+
+
 def init(
-    report_to: Any = None, *, project: str = "rllog", name: str | None = None, config: Any = None, **kwargs: Any
+    report_to: Any = None,
+    *,
+    project: str = "rllog",
+    name: str | None = None,
+    config: Any = None,
+    reinit: str = "finish_previous",
+    **kwargs: Any,
 ) -> Run | NullRun:
     """Start a run that delivers to ``report_to`` and make it the current run.
 
@@ -60,8 +71,14 @@ def init(
         name: the run's name (default ``run-<id>``).
         config: hyperparameters: a dict, a dataclass (e.g. ``TrainingArguments``) or an object with
             ``to_dict()``; flattened with ``/``, secrets redacted.
+        reinit: what happens to the run a previous ``init`` of this process started and nobody finished (a notebook
+            cell run again): ``"finish_previous"`` (default) finishes it and says so; ``"create_new"`` keeps both.
         **kwargs: ``run_dir``, ``tags``, ``flush_interval`` (default 1.0 s), ``delivery``
-            (``"process"``, default, or ``"thread"``), ``backend_options`` (``{"wandb": {...}}``).
+            (``"process"``, default, or ``"thread"``), ``backend_options`` (``{"wandb": {...}}``), ``quiet``
+            (print no line at ``init`` and ``finish``; default ``$RLLOG_QUIET``), and the rest of :class:`Run`'s.
+
+    Raises:
+        UnknownArgument: an argument :class:`Run` does not take (the message names the closest one).
 
     In a multi-process run (``torch.distributed`` initialised, or ``$RANK`` set), call it on every rank:
     global rank 0 gets the real run; the other ranks get a :class:`NullRun` that validates and takes part
@@ -71,7 +88,21 @@ def init(
     """
     global _current
     from rllog.distributed import global_rank
+    from rllog.errors import InvalidArgument
+    from rllog.run.opening import check_arguments
 
+    check_arguments(kwargs, init, Run)
+    if reinit not in REINIT_MODES:
+        raise InvalidArgument(f"reinit must be one of {REINIT_MODES}, got {reinit!r}")
+    previous = _current
+    if reinit == "finish_previous" and isinstance(previous, Run) and not previous.finished:
+        if not previous.quiet:
+            print(
+                f"rllog: finishing the previous run {previous.info.name!r} first (rllog.init(reinit='create_new') keeps it open)",
+                file=sys.stderr,
+                flush=True,
+            )
+        previous.finish()
     cls = Run if global_rank() == 0 else NullRun
     _current = cls(report_to, project=project, name=name, config=config, **kwargs)
     return _current
@@ -130,6 +161,13 @@ def log_table(name: str, table: Any, step: int | None = None) -> None:
 
 def _require_run() -> Run | NullRun:
     if _current is None:
+        import multiprocessing
+
+        if multiprocessing.parent_process() is not None:
+            raise RllogError(
+                f"no run in this process ({os.getpid()}): it is a multiprocessing worker, and a run lives in the process "
+                f"that called rllog.init(); return the values from the worker and log them there ({WORKERS_DOC})"
+            )
         raise RllogError("no run: call rllog.init() first")
     return _current
 

@@ -72,6 +72,10 @@ class InvalidArgument(RllogError, ValueError):
     """An argument of ``rllog.init`` (or another rllog call) outside what it accepts, e.g. ``flush_interval=0``."""
 
 
+class UnknownArgument(RllogError, TypeError):
+    """A keyword argument ``rllog.init`` does not take (the message names those it does, and the closest one)."""
+
+
 class InvalidSetting(RllogError, ValueError):
     """An ``RLLOG_*`` environment variable whose value rllog cannot use (see :mod:`rllog.settings`)."""
 

@@ -20,6 +20,7 @@ the formats have one owner each.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import time
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from rllog import journal
-from rllog.delivery import CursorStore, SinkState
 from rllog.errors import RunDirError
 from rllog.files import replace_file
 from rllog.records import RunInfo
@@ -37,6 +37,11 @@ from rllog.settings import RUNS_DIR
 RUN_FILE = "run.json"
 RUN_FILE_FORMAT = 1
 AGENT_LOG = "agent.log"
+TRACKERS_DIR = "trackers"  # trackers/<name>.json: the tracker run a backend chose (docs/formats.md)
+TRACKER_FILE_RUN_ID = "rllog_run_id"  # the field of trackers/<name>.json naming the rllog run it belongs to
+# The fields of trackers/<name>.json that say where a tracker's data is, most telling first; the others name it
+# to the tracker (ids, keys) and are shown after them.
+LOCATION_FIELDS = ("logdir", "dir", "tracking_uri", "run_id", "url", "offline_directory", "project", "workspace")
 
 
 @dataclass
@@ -124,24 +129,36 @@ def holds_run(run_dir: Path) -> bool:
     return (run_dir / RUN_FILE).is_file()
 
 
+_held_here: set[Path] = set()  # the run directories whose run lock this process holds
+
+
 class RunLock:
     """Held by the process that writes a run's journal, for as long as it does (released by the OS if it dies)."""
 
     def __init__(self, run_dir: Path):
         from filelock import FileLock
 
+        self.run_dir = Path(run_dir).resolve()
         self._lock = FileLock(str(run_dir / "run.lock"), thread_local=False)
 
     def acquire(self, what: str) -> RunLock:
+        """Raises:
+        RunDirError: this process or another live one holds the run open."""
         from filelock import Timeout
 
+        if self.run_dir in _held_here:
+            raise RunDirError(
+                f"{what}: a run of this process has it open; finish that run first (run.finish()), or use another run_dir"
+            )
         try:
             self._lock.acquire(timeout=0)
         except Timeout:
             raise RunDirError(f"{what}: another live process writes this run ({self._lock.lock_file})") from None
+        _held_here.add(self.run_dir)
         return self
 
     def release(self) -> None:
+        _held_here.discard(self.run_dir)
         self._lock.release()
 
 
@@ -151,14 +168,59 @@ def claim(run_dir: Path) -> Path:
     Raises:
         RunDirError: the directory holds a run already (or another run claimed it first), or cannot be created.
     """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run_dir {run_dir} is a file, not a directory: pass a directory (new or empty) for the run")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         os.mkdir(journal.journal_dir(run_dir))  # atomic: exactly one of two concurrent claims succeeds
     except FileExistsError:
-        raise RunDirError(f"{run_dir} already holds a run; use a new run_dir (or `rllog replay` to deliver it again)") from None
+        raise RunDirError(_taken_message(run_dir)) from None
+    except NotADirectoryError as exc:
+        raise RunDirError(f"cannot create the run directory {run_dir}: a part of its path is a file ({exc})") from exc
     except OSError as exc:
         raise RunDirError(f"cannot create the run directory {run_dir}: {exc}") from exc
     return run_dir.resolve()
+
+
+def _taken_message(run_dir: Path) -> str:
+    """What to do about a ``run_dir`` that holds a run already."""
+    try:
+        held = RunFile.read(run_dir)
+    except (OSError, ValueError, TypeError, KeyError):
+        return f"{run_dir} already holds a run's journal; use a new run_dir"
+    return (
+        f"{run_dir} already holds run {held.name!r} (id {held.run_id}); continue it with "
+        f"rllog.init(run_dir=..., resume='must'), or use a new run_dir"
+    )
+
+
+def tracker_location(run_dir: str | os.PathLike, name: str) -> str | None:
+    """Where tracker ``name`` keeps this run's data, as one line (``logdir=... run_id=...``), or None when unknown.
+
+    Read from ``RUN_DIR/trackers/<name>.json`` (what the backend chose), else a folder ``RUN_DIR/<name>`` the sink
+    wrote (parquet's store).
+    """
+    path = Path(run_dir) / TRACKERS_DIR / f"{name}.json"
+    try:
+        chosen = json.loads(path.read_text())
+    except (OSError, ValueError):
+        chosen = None
+    if isinstance(chosen, dict):
+        chosen.pop(TRACKER_FILE_RUN_ID, None)
+        fields = [k for k in LOCATION_FIELDS if chosen.get(k) not in (None, "")]
+        fields += sorted(k for k in chosen if k not in LOCATION_FIELDS and chosen[k] not in (None, ""))
+        if fields:
+            return " ".join(f"{k}={chosen[k]}" for k in fields)
+    own = Path(run_dir) / name
+    return str(own) if own.is_dir() else None
+
+
+def html_table(title: str, rows: dict[str, str]) -> str:
+    """A two-column HTML table (a notebook's rich display of a run or a report)."""
+    cells = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows.items()
+    )
+    return f"<table><caption style='text-align:left'><b>{html.escape(title)}</b></caption>{cells}</table>"
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -185,6 +247,7 @@ class SinkReport:
     error: str | None = None
     dead_letters: int = 0
     dead_letter_list: tuple[dict, ...] = ()
+    location: str | None = None  # where the tracker keeps the data (tracker_location)
 
     def __str__(self) -> str:
         text = f"{self.name}: {self.state} ({self.delivered} delivered, {self.pending} pending"
@@ -192,6 +255,13 @@ class SinkReport:
             first = self.dead_letter_list[0] if self.dead_letter_list else {}
             text += f", {self.dead_letters} dead-lettered, first: seq {first.get('seq')} step {first.get('step')}: {first.get('error')}"
         return text + ")" + (f": {self.error}" if self.error else "")
+
+    def line(self) -> str:
+        """One line for the terminal: the state and where the data is."""
+        return str(self) + (f" -> {self.location}" if self.location else "")
+
+    def __repr__(self) -> str:
+        return f"<SinkReport {self.line()}>"
 
 
 class FinishReport(dict):
@@ -229,6 +299,28 @@ class FinishReport(dict):
             lines.append(f"journal: {self.journal_damage.describe()}")
         return "\n".join(lines + self.notes)
 
+    def summary(self, header: str) -> str:
+        """``header`` and whether every record arrived, then a line per tracker (state, where its data is) and notes."""
+        verdict = "all records delivered" if self.ok else "NOT all records delivered; `rllog replay RUN_DIR` delivers the rest"
+        lines = [f"{header}: {self.records} records, {verdict}"]
+        lines += [f"rllog:   {r.line()}" for r in self.values()]
+        if self.journal_damage:
+            lines.append(f"rllog:   journal: {self.journal_damage.describe()}")
+        return "\n".join(lines + [f"rllog:   {note}" for note in self.notes])
+
+    def __repr__(self) -> str:
+        sinks = ", ".join(f"{r.name}={r.state}" for r in self.values())
+        return f"<FinishReport ok={self.ok} records={self.records} {sinks or 'no sinks'}>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's plain display
+        printer.text(self.summary("rllog finish report"))
+
+    def _repr_html_(self) -> str:
+        rows = {r.name: r.line().removeprefix(f"{r.name}: ") for r in self.values()}
+        rows["records"] = str(self.records)
+        rows.update((f"note {i + 1}", note) for i, note in enumerate(self.notes))
+        return html_table(f"rllog finish report: {'ok' if self.ok else 'not all delivered'}", rows)
+
 
 def report(
     run_dir: str | os.PathLike,
@@ -251,6 +343,8 @@ def report(
             ``delivered`` whether or not it has closed.
         scan: the journal's scan, if the caller keeps one up to date (:class:`rllog.journal.Scanner`).
     """
+    from rllog.delivery import CursorStore, SinkState  # the cursor format's owner; not loaded by `import rllog.rundir`
+
     run_dir = Path(run_dir)
     if scan is None:
         scan = journal.scan(run_dir)
@@ -273,5 +367,7 @@ def report(
         error = cursor.error
         if error is None and state == PENDING:
             error = cause or "not delivered before the deadline; run `rllog replay`"
-        result[name] = SinkReport(name, state, delivered, pending, error, dead, tuple(cursor.dead_letters))
+        result[name] = SinkReport(
+            name, state, delivered, pending, error, dead, tuple(cursor.dead_letters), tracker_location(run_dir, name)
+        )
     return result

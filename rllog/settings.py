@@ -16,6 +16,9 @@ Variable                 Type         Default      Meaning
                          seconds      5 s)         ``system_metrics`` unset: ``0``/``off``/``false``/``no`` turns
                                                    them off, ``on``/``true``/``yes`` samples every 5 s, a number of
                                                    seconds (> 0) sets the interval.
+``RLLOG_QUIET``          switch       off          ``1``/``on``: ``init`` prints no line naming the run directory and
+                                                   ``finish`` no line per tracker, where the code leaves ``quiet``
+                                                   unset.
 ``RLLOG_AGENT_PRIORITY`` choice       idle         ``idle``: the agent runs at ``SCHED_IDLE`` (only on cycles the
                                                    trainer leaves), raised while behind; ``nice``: at nice
                                                    ``RLLOG_AGENT_NICE`` throughout.
@@ -88,6 +91,15 @@ OFF_WORDS = ("0", "off", "false", "no")
 ON_WORDS = ("on", "true", "yes")
 
 
+def parse_switch(text: str) -> bool:
+    """True for on (``1`` too: no interval to mistake it for), False for off."""
+    if text.lower() in OFF_WORDS:
+        return False
+    if text.lower() in (*ON_WORDS, "1"):
+        return True
+    raise ValueError(text)
+
+
 def parse_switch_or_seconds(text: str) -> float | bool:
     """False for off, True for on (the default interval), or an interval in seconds."""
     if text.lower() in OFF_WORDS:
@@ -152,6 +164,13 @@ SYSTEM_METRICS = EnvSetting(
     f"{'/'.join(OFF_WORDS)} (off), {'/'.join(ON_WORDS)} (every 5 s) or a number of seconds above 0",
     "the trainer's system metrics where the code leaves system_metrics unset",
 )
+QUIET = EnvSetting(
+    "RLLOG_QUIET",
+    parse_switch,
+    "off",
+    f"{'/'.join(OFF_WORDS)} or 1/{'/'.join(ON_WORDS)}",
+    "init and finish print nothing where the code leaves quiet unset",
+)
 AGENT_PRIORITY = EnvSetting(
     "RLLOG_AGENT_PRIORITY", parse_choice("idle", "nice"), "idle", "idle or nice", "the delivery agent's CPU priority"
 )
@@ -183,6 +202,7 @@ CONSOLE_FD = EnvSetting(
 ENV_SETTINGS: tuple[EnvSetting, ...] = (
     RUNS_DIR,
     SYSTEM_METRICS,
+    QUIET,
     AGENT_PRIORITY,
     AGENT_CPUS,
     AGENT_LAG_MAX,
@@ -213,12 +233,6 @@ FLUSH_POLL_SECONDS = 0.002
 FLUSH_FAST_POLL_FOR = 0.5
 FLUSH_SLOW_POLL_SECONDS = 0.02
 SIGTERM_FINISH_SECONDS = 30.0  # how long the SIGTERM handler waits for each run's trackers
-# A SIGTERM that lands while the main thread holds a run's lock is sent again this much later (log() holds it for
-# microseconds), at most SIGTERM_RESENDS times; another thread holds it as briefly, so a lock still taken after
-# SIGTERM_LOCK_PROBE_SECONDS is the main thread's own.
-SIGTERM_RESEND_SECONDS = 0.01
-SIGTERM_RESENDS = 1000  # ~10-20 s: long enough for another thread's scan of a big journal under _scan_lock
-SIGTERM_LOCK_PROBE_SECONDS = 0.005
 SIGTERM_JOIN_MARGIN_SECONDS = 5.0  # the SIGTERM handler's wait for its finishing thread, beyond the runs' own waits
 SYSTEM_METRICS_INTERVAL = 5.0  # seconds between samples of the trainer's CPU, memory and GPU when they are on
 

@@ -66,6 +66,9 @@ class MetricSink(Protocol):
     when ``capabilities.alerts``, ``write_config(record: ConfigRecord)`` (config given after ``open``,
     ``Run.update_config``) when ``capabilities.config``. ``flush()`` may be left out (a sink that writes
     through has nothing to flush; delivery then treats its writes as flushed when they return).
+    ``check_table(name, table)``, a static or class method, says what the store can hold: the run calls it in the
+    trainer at ``log_table`` for the selected sinks only, and it raises :class:`rllog.errors.InvalidTable` for a
+    table the store cannot take (cheap, no tracker import).
     docs/sink-protocol.md has the whole contract.
     """
 

@@ -46,8 +46,7 @@ from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, restarting_attempts
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
-from rllog.values import table_dir_name
-from rllog_backends.parquet_store import PartStore, whole_record_slices
+from rllog_backends.parquet_store import PartStore, check_table, table_dir_name, whole_record_slices
 
 METRICS_SCHEMA = pa.schema(
     [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
@@ -228,6 +227,7 @@ class ParquetSink:
     """
 
     capabilities = Capabilities(tables=True, config=True, alerts=True, durable_writes=False)
+    check_table = staticmethod(check_table)  # what the store can hold, asked in the trainer at log_table
     MAX_BUFFERED_ROWS = 100_000  # rows are appended early past this: memory stays bounded while catching up
     MAX_OPEN_TAILS = 16  # tail files kept open; a run logging many table names would hold one handle per name
     MAX_OPEN_TAILS_IN_USE = 256  # ... but those written at the last flush stay open, up to this many

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import bisect
 import errno
+import functools
 import os
 import re
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from rllog.errors import InvalidKey, InvalidTable
 
 TAIL_ROWS = 262_144
 TAIL_SECONDS = 300.0
@@ -51,6 +55,65 @@ BATCH_ROWS = 131_072
 ROW_GROUP_ROWS = 524_288
 _PART = re.compile(r"^part-(\d{12})-(\d{12})-L(\d+)\.parquet$")
 _TAIL = re.compile(r"^_tail-(\d{12})\.arrows$")
+
+# -- what the store can hold, checked in the trainer before a table is journaled (ParquetSink.check_table) -----------
+# A table name's length once percent-encoded: the store names a directory after it, and file systems allow 255 bytes
+# for a name (a longer one failed the whole sink inside delivery: "File name too long").
+MAX_TABLE_NAME_ENCODED = 255
+
+
+def table_dir_name(name: str) -> str:
+    """A table name as a directory name, one-to-one: percent-encoding of everything but letters, digits and
+    ``_.-~`` (and of a leading dot)."""
+    encoded = urllib.parse.quote(name, safe="")
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
+
+
+def check_table(name: str, table: pa.Table) -> None:
+    """Raise unless the store can hold ``table`` under ``name``: a directory name the file system takes, and
+    column types Parquet writes and reads back.
+
+    Raises:
+        InvalidKey: the name is too long once percent-encoded.
+        InvalidTable: naming each column whose type Parquet refuses.
+    """
+    if len(table_dir_name(name)) > MAX_TABLE_NAME_ENCODED:
+        raise InvalidKey(
+            f"table name {name[:40]!r}... is too long for the parquet backend: at most {MAX_TABLE_NAME_ENCODED} "
+            "characters once percent-encoded (it names a directory after it; non-ASCII characters take 6-12)"
+        )
+    check_parquet_types(name, table.schema)
+
+
+def check_parquet_types(name: str, schema: pa.Schema) -> None:
+    """Raise unless parquet can write a table of ``schema`` and read it back (checked once per schema).
+
+    Raises:
+        InvalidTable: naming each column whose type parquet refuses.
+    """
+    if _parquet_refusal(schema.remove_metadata()) is None:
+        return
+    refused = [(field, _parquet_refusal(pa.schema([field]))) for field in schema]
+    detail = "; ".join(f"column {field.name!r} of type {field.type}: {why}" for field, why in refused if why)
+    detail = detail or str(_parquet_refusal(schema))  # only the columns together are refused
+    raise InvalidTable(
+        f"table {name!r} has a column type parquet cannot store ({detail}); convert the column, e.g. to text "
+        "(a struct column needs at least one field: not [{}, {}])"
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _parquet_refusal(schema: pa.Schema) -> str | None:
+    """Why parquet cannot write a table of ``schema`` and read it back, or None."""
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    try:
+        pq.write_table(schema.empty_table(), sink)
+        pq.read_table(pa.BufferReader(sink.getvalue()))
+    except (pa.ArrowException, ValueError, TypeError, OSError) as exc:  # OSError: a struct nested past what it reads back
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ for _k in ONLINE_VARS:
 # Samples of the test process every few seconds would change the record counts tests assert on; the tests
 # of system metrics turn them on explicitly (system_metrics=...).
 os.environ["RLLOG_SYSTEM_METRICS"] = "0"
+# init's and finish's lines on stderr would land in the output of tests that check what trackers print; the tests
+# of those lines turn them on (quiet=False).
+os.environ["RLLOG_QUIET"] = "1"
 
 NETGUARD = ROOT / "tests" / "netguard"
 NETGUARD_LOG = ROOT / ".pytest_netguard.log"

@@ -20,7 +20,7 @@ import rllog
 from rllog import journal
 from rllog.errors import InvalidKey, InvalidStep, InvalidTable, InvalidValue, RllogError, RunDirError, RunFinished
 from rllog.rundir import RunFile
-from rllog.values import MAX_NESTING_DEPTH
+from rllog.validate import MAX_NESTING_DEPTH
 
 torch = pytest.importorskip("torch")
 

@@ -261,8 +261,9 @@ def test_run_dir_that_is_not_writable_is_a_clear_error(tmp_path):
 def test_run_dir_holding_a_run_is_refused(tmp_path):
     with rllog.init(report_to="none", run_dir=tmp_path / "r") as run:
         run.log({"x": 1.0})
-    with pytest.raises(RunDirError, match="already holds a run"):
+    with pytest.raises(RunDirError, match=r"already holds run 'run-\w+' \(id \w+\); continue it with .*resume='must'") as raised:
         rllog.init(run_dir=tmp_path / "r")
+    assert "replay" not in str(raised.value)  # replay delivers a run again; it does not continue one
 
 
 def test_module_level_log_uses_the_current_run(tmp_path):

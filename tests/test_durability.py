@@ -265,18 +265,18 @@ def test_a_forked_child_gets_back_the_sigterm_handler_it_had_before_rllog(tmp_pa
     then never exited, and ``Pool.terminate()`` (leaving ``with Pool(...)``) waited forever, 1 in 12 to 1 in 40 runs
     of ``FORKING_TRAINER`` above under CPU load. The child gets the handler from before rllog (the default: the
     kernel ends it)."""
-    import rllog.run
+    from rllog.run import signals
 
     run = rllog.init(report_to=[MemorySink("m")], run_dir=tmp_path / "r")
-    assert signal.getsignal(signal.SIGTERM) is rllog.run._on_sigterm
-    before = rllog.run._previous_sigterm
+    assert signal.getsignal(signal.SIGTERM) is signals._on_sigterm
+    before = signals._previous_sigterm
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit code
         handler = signal.getsignal(signal.SIGTERM)
-        os._exit(42 if handler is not rllog.run._on_sigterm and handler == before else 1)
+        os._exit(42 if handler is not signals._on_sigterm and handler == before else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 42
-    assert signal.getsignal(signal.SIGTERM) is rllog.run._on_sigterm  # the trainer keeps its own
+    assert signal.getsignal(signal.SIGTERM) is signals._on_sigterm  # the trainer keeps its own
     run.log({"x": 1.0})
     assert run.finish().ok
 

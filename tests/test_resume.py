@@ -103,10 +103,10 @@ def test_resume_modes(tmp_path):
         rllog.init(report_to="none", run_dir=run_dir, resume="must")
     first = rllog.init(report_to="none", run_dir=run_dir, config={"lr": 0.1})
     first.log({"x": 1.0}, step=3)
-    with pytest.raises(RunDirError, match="another live process"):  # the first attempt is still alive
-        rllog.init(report_to="none", run_dir=run_dir, resume="allow")
+    with pytest.raises(RunDirError, match="a run of this process has it open"):  # the first attempt is still alive
+        rllog.init(report_to="none", run_dir=run_dir, resume="allow", reinit="create_new")
     first.finish()
-    with pytest.raises(RunDirError, match="already holds a run"):
+    with pytest.raises(RunDirError, match="already holds run"):
         rllog.init(report_to="none", run_dir=run_dir)  # resume defaults to "never"
     second = rllog.init(report_to="parquet", run_dir=run_dir, resume="must", config={"batch": 8})
     assert second.run_id == first.run_id and second.info.config == {"lr": 0.1, "batch": 8}

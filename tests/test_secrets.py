@@ -14,7 +14,7 @@ import pytest
 
 import rllog
 from rllog import journal
-from rllog.values import REDACTED, flatten_config, is_secret_key, redact, redact_text
+from rllog.validate import REDACTED, flatten_config, is_secret_key, redact, redact_text
 
 HF = "hf_" + "Zq8xW3vR5tY7uI9oP1aS2dF4gH6jK0lMnB"  # the shape of a Hugging Face token: hf_ + 34 letters and digits
 OPENAI = "sk-proj-" + "T3stOnlyN0tAR3alK3y_abcdefghijklmnop"

@@ -57,6 +57,7 @@ def test_defaults_when_unset_or_blank(monkeypatch):
     expected = {
         "RLLOG_DIR": Path("rllog_runs"),
         "RLLOG_SYSTEM_METRICS": True,
+        "RLLOG_QUIET": False,
         "RLLOG_AGENT_PRIORITY": "idle",
         "RLLOG_AGENT_CPUS": "auto",
         "RLLOG_AGENT_LAG_MAX": 30.0,

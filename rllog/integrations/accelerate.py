@@ -29,7 +29,7 @@ from accelerate.tracking import GeneralTracker, on_main_process, register_tracke
 
 import rllog
 from rllog.errors import InvalidValue
-from rllog.values import flatten, to_scalar
+from rllog.validate import flatten, to_scalar
 
 log = logging.getLogger("rllog.integrations")
 

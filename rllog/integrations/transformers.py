@@ -44,7 +44,7 @@ from transformers import TrainerCallback
 
 import rllog
 from rllog.errors import InvalidValue, RunFinished
-from rllog.values import flatten, to_scalar
+from rllog.validate import flatten, to_scalar
 
 log = logging.getLogger("rllog.integrations")
 

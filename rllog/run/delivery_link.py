@@ -1,0 +1,93 @@
+"""The trainer's one link to the delivery side: start the agent process or in-process followers, ask them to
+flush, and read how far each sink got.
+
+Every other module of the trainer side (``rllog/run``, ``rllog/validate``, the integrations) imports no part of
+:mod:`rllog.delivery` or :mod:`rllog.agent` (``tests/test_layering.py``); this module does, inside its functions,
+so that ``import rllog`` stays light and a trainer that never starts a run loads neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rllog.records import RunInfo
+
+
+def default_retry() -> Any:
+    """The retry policy of a run that names none (:class:`rllog.delivery.RetryPolicy`)."""
+    from rllog.delivery import RetryPolicy
+
+    return RetryPolicy()
+
+
+def start_agent(
+    run_dir: Path,
+    options: Mapping[str, Mapping[str, Any]],
+    sink_names: list[str],
+    system_interval: float | None,
+    on_system: Callable[[dict[str, Any]], None],
+) -> Any:
+    """The delivery agent process for the sinks named, started (:class:`rllog.agent.AgentProcess`)."""
+    from rllog.agent import AgentProcess
+
+    return AgentProcess(
+        run_dir,
+        {n: dict(options.get(n, {})) for n in sink_names},
+        sink_names=sink_names,
+        system_interval=system_interval,
+        on_system=on_system,
+    ).start()
+
+
+def follower(name: str, sink: Any, info: RunInfo, flush_interval: float, retry: Any) -> Any:
+    """A follower thread (not started) delivering the live journal to ``sink``: an object, or a factory of one."""
+    from rllog.delivery import Follower, live_poll_interval
+
+    return Follower(
+        name,
+        sink,
+        info,
+        follow=True,
+        flush_interval=flush_interval,
+        poll_interval=live_poll_interval(flush_interval),
+        retry=retry,
+    )
+
+
+def sink_factory(name: str, options: Mapping[str, Any] | None) -> Callable[[], Any]:
+    """Builds the sink ``name`` in the thread that delivers to it (a tracker is imported there, not here)."""
+    from rllog import registry
+
+    return lambda: registry.create(name, dict(options or {}))
+
+
+def all_flushed(run_dir: Path, sink_names: list[str], target: int) -> bool:
+    """Whether every sink's cursor is at ``target`` or past it, or the sink is failed (a failed sink is not waited for)."""
+    from rllog.delivery import CursorStore, SinkState
+
+    cursors = [CursorStore(run_dir, name).load() for name in sink_names]
+    return all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors)
+
+
+def acknowledged_seq(run_dir: Path) -> int:
+    """The highest seq any sink's cursor has passed (0 when none has)."""
+    from rllog.delivery import CursorStore
+
+    last = 0
+    for name in CursorStore.names(run_dir):
+        cursor = CursorStore(run_dir, name).load()
+        last = max(last, cursor.seq, *cursor.ahead)
+    return last
+
+
+def ask_flush(run_dir: Path, target: int, soon: bool) -> None:
+    """Write the flush request the agent's followers watch (:func:`rllog.delivery.request_flush`).
+
+    Raises:
+        OSError: the request could not be written (a full disk).
+    """
+    from rllog.delivery import request_flush
+
+    request_flush(run_dir, target, soon=soon)

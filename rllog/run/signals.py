@@ -1,0 +1,183 @@
+"""The live runs of this process, and what ends them from outside the user's code: SIGTERM, a fork, the exit.
+
+SIGTERM. Python runs a signal handler on the main thread, between two steps of whatever that thread was doing, so
+the handler must never wait for something that code holds: it would wait for itself. Every lock a run takes on its
+callers' threads is a :class:`SignalAwareLock`, which knows whether the main thread is inside it. The handler
+
+- finishes every live run as ``killed`` on another thread (waiting at most :data:`SIGTERM_FINISH_SECONDS` a run,
+  plus a margin), then hands the signal to whoever had it before (the default action ends the process);
+- when the main thread is inside a run's lock (in ``log``, ``flush``) or inside a run's own ``finish``, only notes
+  the signal: the main thread acts on it as it leaves that lock, or that ``finish``;
+- ignores a second SIGTERM while it handles the first (the first is passed on at the end).
+
+A forked child gets no run (its ``log`` raises :class:`rllog.errors.ForkedChild`) and the SIGTERM handler it had
+before rllog; at the exit, runs the user did not finish are finished.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import weakref
+from typing import Any
+
+from rllog.settings import SIGTERM_FINISH_SECONDS, SIGTERM_JOIN_MARGIN_SECONDS
+
+log = logging.getLogger("rllog")
+
+# rllog.run.Run objects (typed Any: this module is imported by rllog.run.run, and imports nothing back)
+Run = Any
+_live_runs: weakref.WeakSet[Any] = weakref.WeakSet()
+_previous_sigterm: Any = None
+_handling_sigterm = False
+_deferred_sigterm: tuple[int, Any] | None = None  # noted while the main thread was inside a run; acted on as it leaves
+
+
+def _on_main_thread() -> bool:
+    return threading.get_ident() == threading.main_thread().ident
+
+
+class SignalAwareLock:
+    """A lock that knows whether the main thread is inside it (or waiting to enter), for the SIGTERM handler.
+
+    Leaving it on the main thread acts on a SIGTERM noted meanwhile, once the main thread is inside no run.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.main_inside = False  # written by the main thread only
+
+    def __enter__(self) -> SignalAwareLock:
+        # Set before acquiring: a SIGTERM landing between the acquire and this line would see the lock taken by
+        # nobody it knows of, and its finishing thread would wait on it.
+        on_main = _on_main_thread()
+        if on_main:
+            self.main_inside = True
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._lock.release()
+        if self.main_inside and _on_main_thread():
+            self.main_inside = False
+            if _deferred_sigterm is not None:
+                act_on_deferred_sigterm()
+
+
+def register(run: Run) -> None:
+    """``run`` is live: finished on SIGTERM and at the exit, forgotten in a forked child."""
+    _live_runs.add(run)
+    _install_sigterm_handler()
+
+
+def forget(run: Run) -> None:
+    _live_runs.discard(run)
+
+
+def live_runs() -> list[Run]:
+    return list(_live_runs)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares no writer thread with its parent's runs: their log() raises there, and the
+    child's exit finishes nothing (the parent does). Each run gets new locks: one that another thread of the
+    parent held at the fork would stay held in the child, where no thread will release it."""
+    global _deferred_sigterm
+    for run in list(_live_runs):
+        run._forked = True
+        run._lock = SignalAwareLock()
+        run._scan_lock = SignalAwareLock()
+    _live_runs.clear()
+    _deferred_sigterm = None
+    _restore_sigterm()
+
+
+def _restore_sigterm() -> None:
+    """Give a forked child back the SIGTERM handler it had before rllog: it has no run to finish. A Python-level
+    handler also makes SIGTERM miss a process that blocks in C just as the signal lands (the handler runs only
+    when the blocking call returns): a ``multiprocessing`` pool worker waiting for a task then never exits, and
+    ``Pool.terminate()`` (the end of ``with Pool(...)``) waits forever."""
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, _previous_sigterm if _previous_sigterm is not None else signal.SIG_DFL)
+    except (ValueError, TypeError, OSError):  # not the main thread, or a handler Python cannot set back
+        pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _main_thread_inside_a_run(runs: list[Run]) -> bool:
+    """Whether the main thread holds (or waits for) a run's lock, or is inside a run's own ``finish``."""
+    me = threading.get_ident()
+    return any(run._lock.main_inside or run._scan_lock.main_inside or (run._finisher == me and not run.finished) for run in runs)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Finish every live run as ``killed``, then hand the signal to whoever had it before (see the module's doc)."""
+    global _deferred_sigterm, _handling_sigterm
+    if _handling_sigterm:
+        return
+    runs = list(_live_runs)
+    if _main_thread_inside_a_run(runs):
+        _deferred_sigterm = (signum, frame)
+        return
+    _handling_sigterm = True
+    try:
+        worker = threading.Thread(target=_finish_as_killed, args=(runs,), name="rllog-sigterm", daemon=True)
+        worker.start()
+        worker.join(SIGTERM_FINISH_SECONDS * len(runs) + SIGTERM_JOIN_MARGIN_SECONDS)
+        if worker.is_alive():
+            log.error("rllog: finishing the runs on SIGTERM took too long; what is pending stays in their journals")
+    finally:
+        _handling_sigterm = False
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:  # the default action: die of SIGTERM, as the sender expects
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _finish_as_killed(runs: list[Run]) -> None:
+    for run in runs:
+        try:
+            run.finish("killed", timeout=SIGTERM_FINISH_SECONDS)
+        except Exception as exc:
+            log.error("rllog: finishing %s on SIGTERM failed: %s", run.run_dir, exc)
+
+
+def act_on_deferred_sigterm() -> None:
+    """Act on a SIGTERM noted while the main thread was inside a run, once it is inside none."""
+    global _deferred_sigterm
+    if _deferred_sigterm is None or not _on_main_thread() or _main_thread_inside_a_run(list(_live_runs)):
+        return
+    deferred, _deferred_sigterm = _deferred_sigterm, None
+    _on_sigterm(*deferred)
+
+
+def _install_sigterm_handler() -> None:
+    """Chain onto SIGTERM once, from the main thread (signal handlers can only be set there)."""
+    global _previous_sigterm
+    if not _on_main_thread() or signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        return  # the process chose to survive SIGTERM; so do we
+    _previous_sigterm = previous
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@atexit.register
+def _finish_live_runs() -> None:
+    """Finish runs the user did not finish: ``failed`` after an uncaught exception, else ``finished``."""
+    status = "failed" if getattr(sys, "last_type", None) is not None else "finished"
+    for run in list(_live_runs):
+        try:
+            run.finish(status)
+        except Exception as exc:  # at exit there is no caller left to raise to
+            log.error("rllog: finishing %s at exit failed: %s", run.run_dir, exc)

@@ -1,0 +1,253 @@
+"""Tables as users pass them to ``log_table``, turned into Arrow tables every tracker can take; and the columns of
+each table name kept consistent from call to call. What one store cannot hold (a Parquet type, a name too long for
+a directory) is that sink's own ``check_table`` (:mod:`rllog.sink`), asked by the run for the selected sinks only."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from rllog.errors import InvalidKey, InvalidTable, InvalidValue
+from rllog.validate.nesting import _children, check_nesting
+
+RESERVED_TABLE_COLUMNS = ("_step", "_seq")
+
+
+def to_arrow_table(name: str, table: Any) -> pa.Table:
+    """Accept a dict of equal-length columns, a list of row dicts, a ``pyarrow.Table`` or a pandas DataFrame.
+
+    Raises:
+        InvalidTable: ragged columns (naming each column's length), unsupported input, a column whose
+            values mix types pyarrow cannot unify, or a reserved column name.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidKey(f"table names must be non-empty strings, got {name!r}")
+    try:
+        if isinstance(table, pa.Table):
+            result = table
+        elif isinstance(table, Mapping):
+            text = [str(k) for k, v in table.items() if isinstance(v, (str, bytes, bytearray))]
+            if text:  # list("abc") would make a column of its characters
+                raise InvalidTable(
+                    f"table {name!r}: columns {text} are text, not columns of values (wrap a single value in a list)"
+                )
+            columns = {str(k): (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in table.items()}
+            if len(columns) != len(table):
+                raise InvalidTable(f"table {name!r}: two column names are equal as text ({list(table)})")
+            for column, cells in columns.items():
+                _check_cells(name, column, cells)
+            lengths = {k: len(v) for k, v in columns.items()}
+            if len(set(lengths.values())) > 1:
+                detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
+                raise InvalidTable(f"table {name!r}: columns have different lengths ({detail})")
+            result = pa.table(columns)
+        elif isinstance(table, list) and all(isinstance(row, Mapping) for row in table):
+            for i, row in enumerate(table):
+                for column, cell in row.items():
+                    _check_cells(name, str(column), [cell], first_row=i)
+            result = pa.Table.from_pylist([{str(k): v for k, v in row.items()} for row in table])
+        elif type(table).__name__ == "DataFrame" and hasattr(table, "to_dict"):
+            for column in table.columns:
+                if table[column].dtype == object:  # Python objects: dicts and lists among them
+                    _check_cells(name, str(column), table[column].tolist())
+            result = pa.Table.from_pandas(table, preserve_index=False)
+        else:
+            raise InvalidTable(
+                f"table {name!r}: expected a dict of columns, a list of row dicts, a pyarrow.Table or a pandas DataFrame, got {type(table).__name__}"
+            )
+    except InvalidTable:
+        raise
+    except UnicodeEncodeError:  # text that is not valid UTF-8 (lone surrogates): replace, as documented
+        return to_arrow_table(name, _replace_invalid_text(table))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:  # OverflowError: an int beyond int64
+        raise InvalidTable(
+            f"table {name!r}: a column mixes values of incompatible types or holds unsupported objects: {exc}"
+        ) from exc
+    result = _plain_columns(result)
+    if result.num_columns == 0:
+        raise InvalidTable(f"table {name!r} has no columns")
+    reserved = [c for c in result.column_names if c in RESERVED_TABLE_COLUMNS]
+    if reserved:
+        raise InvalidTable(f"table {name!r}: column names {reserved} are reserved by rllog")
+    if len(set(result.column_names)) != result.num_columns:
+        raise InvalidTable(f"table {name!r}: duplicate column names {result.column_names}")
+    return result
+
+
+_FLAT_CELLS = frozenset((str, int, float, bool, bytes, type(None)))
+
+
+def _check_cells(name: str, column: str, cells: list, first_row: int = 0) -> None:
+    """Raise unless every dict or list among ``cells`` nests at most :data:`MAX_NESTING_DEPTH` levels: pyarrow
+    would crash the process on a cell that contains itself.
+
+    Raises:
+        InvalidTable: naming the table, the column and the row.
+    """
+    if _FLAT_CELLS.issuperset(map(type, cells)):  # the common case, checked with a C-level loop
+        return
+    for row, cell in enumerate(cells, first_row):
+        if type(cell) not in _FLAT_CELLS and _children(cell):
+            try:
+                check_nesting(f"table {name!r}, column {column!r}, row {row}:", cell)
+            except InvalidValue as exc:
+                raise InvalidTable(str(exc)) from None
+
+
+def _clean_text(value: Any) -> Any:
+    return value.encode("utf-8", "replace").decode("utf-8") if isinstance(value, str) else value
+
+
+def _replace_invalid_text(table: Any) -> Any:
+    """The same table with every string made valid UTF-8 (unencodable characters become ``?``)."""
+    if isinstance(table, Mapping):
+        return {
+            _clean_text(str(k)): [_clean_text(v) for v in (c.tolist() if hasattr(c, "tolist") else c)] for k, c in table.items()
+        }
+    if isinstance(table, list):
+        return [{_clean_text(str(k)): _clean_text(v) for k, v in row.items()} for row in table]
+    if type(table).__name__ == "DataFrame":
+        return _replace_invalid_text(table.to_dict(orient="list"))
+    return table
+
+
+def _plain_columns(table: pa.Table) -> pa.Table:
+    """Dictionary-encoded (pandas categorical) columns become their values, so a column stays one type from
+    call to call; bytes cells become text (invalid UTF-8 sequences replaced by U+FFFD): every tracker takes text."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+            field = table.schema.field(i)
+        if pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type):
+            text = [None if v is None else v.decode("utf-8", "replace") for v in table.column(i).to_pylist()]
+            table = table.set_column(i, field.name, pa.array(text, pa.string()))
+    return table
+
+
+# -- one table name, call after call -----------------------------------------------------------------
+PROMOTION_RULE = (
+    "a column may change type between calls only as Arrow's permissive promotion allows (int -> float, a "
+    "narrower int or float -> a wider one, null -> any type, string -> large_string, fields added to a struct); "
+    "columns may appear and disappear"
+)
+
+
+class TableSchemas:
+    """The columns of each table name so far: what a run checks every ``log_table`` against, so that
+    every table it accepts can be stored with the earlier ones of that name (parquet concatenates a
+    table's parts with Arrow's permissive promotion).
+
+    Example:
+        >>> schemas = TableSchemas()
+        >>> schemas.check("t", pa.table({"a": [1]})).num_rows
+        1
+        >>> schemas.check("t", pa.table({"a": [0.5], "b": ["new"]})).num_rows  # int -> float, a new column
+        1
+        >>> schemas.check("t", pa.table({"a": ["text"]}))
+        Traceback (most recent call last):
+        rllog.errors.InvalidTable: table 't': column 'a' was double in earlier calls and is string now; ...
+    """
+
+    def __init__(self) -> None:
+        self._schemas: dict[str, pa.Schema] = {}
+        # Extremes of the 64-bit integer columns seen: promoting them (int64 -> double, uint64 -> int64)
+        # fails on values the new type cannot hold exactly, and parquet would meet that only when writing.
+        self._extremes: dict[str, dict[str, tuple[int, int]]] = {}
+        self._lock = threading.Lock()
+
+    def check(self, name: str, table: pa.Table) -> pa.Table:
+        """``table``, once it is known that it can be stored with the earlier tables called ``name``.
+
+        Raises:
+            InvalidTable: a column whose type changed in a way :data:`PROMOTION_RULE` does not allow; the
+                message names the column and both types.
+        """
+        extremes = _wide_int_extremes(table)
+        with self._lock:
+            known = self._schemas.get(name)
+            if known is not None and table.schema.equals(known):  # the common case: the columns of last time
+                self._extremes[name] = _merge_extremes(known, self._extremes[name], extremes)
+                return table
+            schema = table.schema.remove_metadata()
+            merged = schema if known is None else _promote(name, known, schema)
+            seen = self._extremes.get(name, {})
+            if known is not None:
+                _check_exact(name, known, merged, seen)
+            _check_exact(name, schema, merged, extremes)
+            self._schemas[name] = merged
+            self._extremes[name] = _merge_extremes(merged, seen, extremes)
+        return table
+
+
+def _promote(name: str, known: pa.Schema, schema: pa.Schema) -> pa.Schema:
+    try:
+        return pa.unify_schemas([known, schema], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    clashes = []
+    for field in schema:
+        if field.name in known.names:
+            before = known.field(field.name)
+            try:
+                pa.unify_schemas([pa.schema([before]), pa.schema([field])], promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                clashes.append(f"column {field.name!r} was {before.type} in earlier calls and is {field.type} now")
+    detail = "; ".join(clashes) or f"its columns {schema} do not merge with the earlier {known}"
+    raise InvalidTable(f"table {name!r}: {detail}; {PROMOTION_RULE}. Cast the column, or log it under a new column or table name")
+
+
+def _is_wide_int(type_: pa.DataType) -> bool:
+    return pa.types.is_int64(type_) or pa.types.is_uint64(type_)
+
+
+SMALL_COLUMN_ROWS = 256  # up to this many rows an int column's extremes are taken in Python (cheaper than pc.min_max)
+
+
+def _wide_int_extremes(table: pa.Table) -> dict[str, tuple[int, int]]:
+    """``{column: (min, max)}`` of the table's non-empty int64/uint64 columns (narrower ints fit any promotion)."""
+    extremes = {}
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if not _is_wide_int(field.type):
+            continue
+        if len(column) <= SMALL_COLUMN_ROWS:  # a completions table: ~5 us a column against ~70
+            values = [v for v in column.to_pylist() if v is not None]
+            if values:
+                extremes[field.name] = (min(values), max(values))
+            continue
+        import pyarrow.compute as pc
+
+        low_high = pc.min_max(column).as_py()
+        if low_high["min"] is not None:
+            extremes[field.name] = (low_high["min"], low_high["max"])
+    return extremes
+
+
+def _merge_extremes(schema: pa.Schema, *extremes: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The extremes of ``schema``'s columns that are still 64-bit ints, over every mapping given."""
+    merged: dict[str, tuple[int, int]] = {}
+    for mapping in extremes:
+        for column, (low, high) in mapping.items():
+            index = schema.get_field_index(column)
+            if index >= 0 and _is_wide_int(schema.field(index).type):
+                old_low, old_high = merged.get(column, (low, high))
+                merged[column] = (min(low, old_low), max(high, old_high))
+    return merged
+
+
+def _check_exact(name: str, source: pa.Schema, merged: pa.Schema, extremes: dict[str, tuple[int, int]]) -> None:
+    """Raise when the values logged as ``source`` could not be cast exactly to the promoted ``merged`` type."""
+    for column, (low, high) in extremes.items():
+        before, after = source.field(column).type, merged.field(column).type
+        if before == after:
+            continue
+        try:
+            pa.array([low, high], before).cast(after)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidTable(
+                f"table {name!r}: column {column!r} holds {before} values from {low} to {high}, which {after} "
+                f"(its type once promoted with the other calls' tables) cannot hold exactly ({exc}); {PROMOTION_RULE}. "
+                "Log the column as text, or under a new column name"
+            ) from None
