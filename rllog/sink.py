@@ -11,8 +11,10 @@ alerts; each kind in ``seq`` order. Place data by ``record.step``, never by arri
 
 A sink raises :class:`rllog.errors.RateLimited` (with ``retry_after`` when the tracker says) or
 :class:`rllog.errors.TransientError` for failures worth retrying; the same call is then repeated with
-the same records. Any other exception marks the sink failed; its records stay in the journal for
-``rllog replay``.
+the records it had not taken. A sink never tracks what it was sent: the delivery layer hands it no record twice
+while it runs. A ``write_metrics`` that stores its batch in several tracker calls says after each how far it got
+(:func:`took`), so that a call raising halfway is repeated with the rest only; without that, with the whole batch.
+Any other exception marks the sink failed; its records stay in the journal for ``rllog replay``.
 
 Example:
     >>> class PrintSink:
@@ -82,6 +84,27 @@ class MetricSink(Protocol):
 
     def close(self, status: str) -> None:
         """End the tracker's run with ``status``: ``finished``, ``failed`` or ``killed``. Flushes first."""
+
+
+class Batch(list):
+    """The records of one ``write_metrics`` call, as the delivery layer hands them over; ``taken_seq``: the sink has
+    stored every record up to it (:func:`took`)."""
+
+    taken_seq = 0
+
+
+def took(records: Sequence[MetricsRecord], seq: int) -> None:
+    """Say that every record of ``records`` up to ``seq`` is stored (a tracker call for them returned): if the sink's
+    call raises later, it is repeated with the records after ``seq`` only. Nothing for a plain sequence (a direct call).
+
+    Example:
+        >>> def write_metrics(self, records):
+        ...     for step, row, last_seq in step_rows(records):
+        ...         self.tracker.log(row, step=step)
+        ...         took(records, last_seq)
+    """
+    if isinstance(records, Batch):
+        records.taken_seq = max(records.taken_seq, seq)
 
 
 def sink_problem(sink: object) -> str | None:

@@ -187,7 +187,7 @@ def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_l
     ``train()`` asks so, and returns). A follower woken by it that read the journal before they landed waited its
     whole ``poll_interval`` (0.5 s live; here an hour) before it looked again: it now looks every ``POLL_INTERVAL``
     for a while (``ASKED_RECORDS_PATIENCE``, lengthened here: the records land when this test's thread runs)."""
-    monkeypatch.setattr(rllog.delivery, "ASKED_RECORDS_PATIENCE", 60.0)
+    monkeypatch.setattr(rllog.delivery.flush, "ASKED_RECORDS_PATIENCE", 60.0)
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600, delivery="thread", health=False)
     sink = MemorySink("watched")
     follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
@@ -277,7 +277,7 @@ def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_an
     (``Run.flush``) is honoured at once."""
     import rllog.delivery
 
-    monkeypatch.setattr(rllog.delivery, "ASKED_FLUSH_MIN_GAP", 3600.0)
+    monkeypatch.setattr(rllog.delivery.flush, "ASKED_FLUSH_MIN_GAP", 3600.0)
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=3600, delivery="thread")
     sink = MemorySink("watched")
     follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
@@ -298,7 +298,7 @@ def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_an
     assert sink.flushes == 0 and cursor.load().seq == 0  # the gap (an hour here) since the follower started: put off
     log_and_ask(6, soon=False)  # what Run.flush writes: the trainer waits
     assert wait_until(lambda: cursor.load().seq == 7, timeout=30) and sink.flushes == 1
-    monkeypatch.setattr(rllog.delivery, "ASKED_FLUSH_MIN_GAP", 1.0)
+    monkeypatch.setattr(rllog.delivery.flush, "ASKED_FLUSH_MIN_GAP", 1.0)
     log_and_ask(7, soon=True)  # within a second of the last flush: put off, then flushed when the second is up
     assert wait_until(lambda: cursor.load().seq == 8, timeout=30) and sink.flushes == 2
     assert sink.seqs == list(range(1, 9))
@@ -500,7 +500,8 @@ def test_run_flush_verifies_only_what_was_logged_since_the_previous_flush(tmp_pa
             checked.append(len(data))
             return zlib.crc32(data, value)
 
-    monkeypatch.setattr(journal, "zlib", CountingZlib)
+    monkeypatch.setattr(journal.format, "zlib", CountingZlib)  # the writer's frames
+    monkeypatch.setattr(journal.reader, "zlib", CountingZlib)  # the readers' checks
     for i in range(400, 410):
         run.log({"i": float(i)}, step=i)
     second = run.flush(timeout=30)
@@ -519,7 +520,7 @@ def test_in_process_followers_honour_a_flush_request_once_the_journal_holds_its_
     once it has. Here a poll is half an hour away: only that wake can deliver the records."""
     import rllog.delivery
 
-    monkeypatch.setattr(rllog.delivery, "LIVE_POLL_MAX", 3600.0)
+    monkeypatch.setattr(rllog.delivery.flush, "LIVE_POLL_MAX", 3600.0)
     sink = MemorySink("memory")
     run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread", health=False)
     follower = run._followers[0]

@@ -95,7 +95,7 @@ def small_disk(tmp_path):
 def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small_disk, tracker_dirs, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(small_disk / "tb"))
     # no reserve (a file system without fallocate): the journal meets the full disk
-    monkeypatch.setattr(journal, "JOURNAL_RESERVE_BYTES", 0)
+    monkeypatch.setattr(journal.writer, "JOURNAL_RESERVE_BYTES", 0)
     run_dir = small_disk / "r"
     run = rllog.init(report_to="parquet,tensorboard", run_dir=run_dir, flush_interval=0.05, health=False)
     step = 0
@@ -131,7 +131,7 @@ def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small
 @pytest.mark.slow
 def test_disk_full_until_the_deadline_reports_exactly_what_was_lost(small_disk, monkeypatch):
     # no reserve (a file system without fallocate): the journal meets the full disk
-    monkeypatch.setattr(journal, "JOURNAL_RESERVE_BYTES", 0)
+    monkeypatch.setattr(journal.writer, "JOURNAL_RESERVE_BYTES", 0)
     run_dir = small_disk / "r"
     sink = MemorySink("memory")
     run = rllog.init(report_to=[sink], run_dir=run_dir, flush_interval=0.05, health=False)
@@ -528,7 +528,7 @@ def test_agent_collects_no_garbage_while_its_trackers_open_then_freezes_them(tmp
         heap.freeze_once(opened=True)
         print(gc.isenabled(), gc.get_stats()[2]["collections"] - full, gc.get_freeze_count() >= 300_000)
         gc.unfreeze()
-        agent.STARTUP_GC_PAUSE_MAX_SECONDS = 0.01  # a sink that never opens (retrying): the collector is back anyway
+        agent.placement.STARTUP_GC_PAUSE_MAX_SECONDS = 0.01  # a sink that never opens (retrying): the collector is back anyway
         late = agent.StartupHeap.pause()
         late.freeze_once(opened=False)
         time.sleep(0.05)
@@ -642,7 +642,7 @@ def test_a_segment_rollover_refused_on_a_full_disk_keeps_the_old_segments_record
     segment and was cut back to ``0 + what landed``, destroying every record the segment held before (201 of 300
     lost, the report saying nothing was)."""
     with tmpfs(tmp_path / "disk", "size=1m,nr_inodes=16") as disk:
-        monkeypatch.setattr(journal, "SEGMENT_BYTES", 64 * 1024)
+        monkeypatch.setattr(journal.writer, "SEGMENT_BYTES", 64 * 1024)
         writer = journal.JournalWriter(disk / "run", 0.01)
         seq = 0
 
@@ -693,7 +693,7 @@ def test_a_resumed_run_after_its_delivered_last_frame_was_damaged_delivers_its_n
     segment = journal.segments(journal.journal_dir(run_dir))[0]
     data, pos, frames = bytearray(segment.read_bytes()), 0, {}
     while pos < len(data):
-        _kind, seq, length, _crc = journal._header_at(data, pos)
+        _kind, seq, length, _crc = journal.header_at(data, pos)
         frames[seq] = pos
         pos += journal.HEADER.size + length
     data[frames[5] + journal.HEADER.size + 5] ^= 0xFF  # one payload byte of the last record (seq 5: a=4.0)

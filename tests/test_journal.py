@@ -38,7 +38,7 @@ def test_reads_from_any_sequence_number(tmp_path):
 
 
 def test_segments_rotate_and_reading_crosses_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(journal, "SEGMENT_BYTES", 300)
+    monkeypatch.setattr(journal.writer, "SEGMENT_BYTES", 300)
     w = JournalWriter(tmp_path, 0.01)
     for i in range(1, 101):
         w.append(PendingMetrics(i, i, 0.0, {"v": float(i)}))
@@ -143,13 +143,13 @@ def test_tables_are_encoded_on_the_thread_that_logs_them(tmp_path, monkeypatch):
     import rllog
 
     threads = []
-    encode_table = journal.encode_table
+    encode_table = journal.writer.encode_table
 
     def spy(*args, **kwargs):
         threads.append(threading.current_thread().name)
         return encode_table(*args, **kwargs)
 
-    monkeypatch.setattr(journal, "encode_table", spy)
+    monkeypatch.setattr(journal.writer, "encode_table", spy)
     run = rllog.init(["parquet"], run_dir=tmp_path / "run", delivery="thread", system_metrics=False)
     for step in range(3):
         run.log_table("completions", {"step": [step, step], "text": ["a", "b"]}, step=step)

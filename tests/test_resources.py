@@ -38,7 +38,7 @@ def logged_run(run_dir, steps: int, width: int = 1) -> None:
 def test_a_memory_error_while_decoding_a_frame_is_waited_out_and_the_frame_delivered(tmp_path, monkeypatch):
     run_dir = tmp_path / "r"
     logged_run(run_dir, 1000)
-    real_decode, raised = journal._decode, []
+    real_decode, raised = journal.reader.decode_frame, []
 
     def decode(kind, seq, payload):
         if seq == 500 and not raised:
@@ -46,7 +46,7 @@ def test_a_memory_error_while_decoding_a_frame_is_waited_out_and_the_frame_deliv
             raise MemoryError
         return real_decode(kind, seq, payload)
 
-    monkeypatch.setattr(journal, "_decode", decode)
+    monkeypatch.setattr(journal.reader, "decode_frame", decode)
     sink = MemorySink("memory")
     follower = Follower("memory", sink, load_run_info(run_dir)[0], follow=False, retry=FAST)
     assert follower.start().join(60)
@@ -61,14 +61,14 @@ def test_a_memory_error_while_decoding_a_frame_is_waited_out_and_the_frame_deliv
 
 def test_the_reader_stops_before_a_frame_it_could_not_decode_for_want_of_memory(tmp_path, monkeypatch):
     logged_run(tmp_path, 10)
-    real_decode, failing = journal._decode, [True]
+    real_decode, failing = journal.reader.decode_frame, [True]
 
     def decode(kind, seq, payload):
         if seq == 5 and failing[0]:
             raise MemoryError
         return real_decode(kind, seq, payload)
 
-    monkeypatch.setattr(journal, "_decode", decode)
+    monkeypatch.setattr(journal.reader, "decode_frame", decode)
     reader = JournalReader(tmp_path)
     assert [r.seq for r in reader.read(100)] == [1, 2, 3, 4]  # what came before the frame
     with pytest.raises(MemoryError):

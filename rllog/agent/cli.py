@@ -1,0 +1,109 @@
+"""``python -m rllog.agent``: the agent's command line (:func:`main`), a standby's wait for its run included."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from rllog.agent.launch import EXIT_RESTART, EXIT_SINKS_FAILED, OPTIONS_FROM_STDIN, STANDBY_ARG
+from rllog.agent.placement import StartupHeap, agent_cpus, lower_priority, place
+from rllog.agent.serve import RestartAgent, serve
+from rllog.rundir import AGENT_LOG
+from rllog.settings import ORPHAN_TIMEOUT_SECONDS, SYSTEM_METRICS_INTERVAL
+from rllog.sink import CONSOLE_FD_ENV
+
+
+def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
+    """A standby's life before its run: import the trackers at idle priority, then read the run from stdin
+    (exit quietly on end of file: the trainer went without training)."""
+    from rllog import delivery, registry, rundir  # noqa: F401  (what serve() needs, imported ahead too)
+
+    lower_priority(idle=True)  # only cycles the trainer leaves
+    place(agent_cpus(os.getppid()))
+    for name in filter(None, args.sinks.split(",")):
+        try:
+            registry.resolve(name).prepare()
+        except Exception as exc:  # the run's agent will meet (and report) the same problem when it opens the sink
+            print(f"rllog: preparing {name!r} failed: {type(exc).__name__}: {exc}", flush=True)
+    line = sys.stdin.readline()
+    log_path = Path(args.standby_log) if args.standby_log else None
+    if not line.strip():
+        if log_path is not None:
+            log_path.unlink(missing_ok=True)
+        os._exit(0)
+    assignment = json.loads(line)
+    # The trainer's environment and directory as they are now (they may have changed since the standby started).
+    console = os.environ.get(CONSOLE_FD_ENV)
+    os.environ.clear()
+    os.environ.update(assignment.get("env", {}))
+    if console is not None:
+        os.environ[CONSOLE_FD_ENV] = console
+    os.chdir(assignment.get("cwd", os.getcwd()))
+    run_log = Path(assignment["run_dir"]) / AGENT_LOG
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(run_log, "ab") as out:
+        if log_path is not None:
+            out.write(log_path.read_bytes())
+            out.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    if log_path is not None:
+        log_path.unlink(missing_ok=True)
+    if hasattr(os, "SCHED_OTHER"):  # the PriorityGovernor decides from now on (its own thread must not be idle)
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    return assignment
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rllog.agent", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("run_dir", nargs="?", help="the run to deliver (a standby reads it from stdin)")
+    parser.add_argument("--follow", action="store_true", help="keep delivering while the journal grows, until its end marker")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
+    )
+    parser.add_argument("--orphan-timeout", type=float, default=ORPHAN_TIMEOUT_SECONDS)
+    parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
+    parser.add_argument(
+        STANDBY_ARG,
+        action="store_true",
+        help="import the --sinks' trackers now, then read the run (run_dir, options) as one JSON line from standard input",
+    )
+    parser.add_argument("--sinks", default="", help="with --standby: the backends to prepare, comma-separated")
+    parser.add_argument("--standby-log", default=None, help="with --standby: the output before the run, moved into its agent.log")
+    parser.add_argument(
+        "--system-metrics-fd", type=int, default=None, help="write samples of the trainer (--parent-pid) to this pipe"
+    )
+    parser.add_argument("--system-interval", type=float, default=SYSTEM_METRICS_INTERVAL)
+    args = parser.parse_args(argv)
+    heap = StartupHeap.pause() if args.follow or args.standby else None
+    if args.standby:
+        assignment = _wait_for_run(args)
+        args.run_dir, options = assignment["run_dir"], assignment.get("options")
+    elif args.run_dir is None:
+        parser.error("run_dir is required (or --standby)")
+    if args.system_metrics_fd is not None and args.parent_pid is not None:
+        from rllog.system_metrics import run_sampler
+
+        run_sampler(args.parent_pid, args.system_metrics_fd, args.system_interval, threading.Event())
+    if not args.standby:
+        options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
+        lower_priority(idle=False)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options, heap=heap)
+    except RestartAgent as exc:
+        print(f"rllog: restarting the delivery agent: {exc}", flush=True)
+        os._exit(EXIT_RESTART)
+    sys.stdout.flush()
+    # os._exit: a tracker's non-daemon thread (or a hung sink) must not keep the agent alive.
+    os._exit(EXIT_SINKS_FAILED if failed else 0)

@@ -1,0 +1,62 @@
+"""Starting an agent process: ``python -m rllog.agent`` with the trainer's stdout passed on (for the console
+backend) and, for system metrics, a pipe back; and the exit codes that tell its supervisor what happened."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rllog.sink import CONSOLE_FD_ENV
+
+EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
+EXIT_RESTART = 4  # a follower ran out of memory or descriptors in its own work: start the agent again from the cursors
+OPTIONS_FROM_STDIN = "--options-stdin"
+STANDBY_ARG = "--standby"
+
+
+def _trainer_stdout() -> int | None:
+    """A duplicate of the trainer's stdout for the console backend (the agent's own output goes to agent.log)."""
+    try:
+        return os.dup(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # no real stdout (captured, closed)
+        return None
+
+
+def launch(args: list[str], log_path: Path, system_interval: float | None) -> tuple[subprocess.Popen, int | None]:
+    """Start ``python -m rllog.agent ARGS`` for this trainer; returns the process and the read end of its
+    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way."""
+    console_fd = _trainer_stdout()
+    env = dict(os.environ)
+    command = [sys.executable, "-m", "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
+    passed = []
+    if console_fd is not None:
+        env[CONSOLE_FD_ENV] = str(console_fd)
+        passed.append(console_fd)
+    samples_read = samples_write = None
+    if system_interval:
+        samples_read, samples_write = os.pipe()
+        passed.append(samples_write)
+        command += ["--system-metrics-fd", str(samples_write), "--system-interval", str(system_interval)]
+    try:
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C aimed at the trainer does not hit it
+                close_fds=True,
+                pass_fds=tuple(passed),
+                env=env,
+            )
+    except BaseException:
+        if samples_read is not None:
+            os.close(samples_read)
+        raise
+    finally:
+        for fd in (console_fd, samples_write):
+            if fd is not None:
+                os.close(fd)
+    return proc, samples_read

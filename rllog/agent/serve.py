@@ -1,0 +1,124 @@
+"""The agent's work: :func:`serve` runs one :class:`rllog.delivery.Follower` per sink of a run and watches them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from rllog import settings
+from rllog.agent.placement import PriorityGovernor, StartupHeap, agent_cpus, place
+from rllog.settings import LOCK_WAIT_SECONDS, ORPHAN_TIMEOUT_SECONDS
+
+log = logging.getLogger("rllog.agent")
+
+
+class RestartAgent(Exception):
+    """A live run's follower needs its agent started again (:attr:`rllog.delivery.Follower.needs_restart`)."""
+
+
+def serve(
+    run_dir: str,
+    follow: bool,
+    parent_pid: int | None,
+    only: list[str] | None = None,
+    orphan_timeout: float = ORPHAN_TIMEOUT_SECONDS,
+    on_progress: Callable[[str, int], None] | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+    heap: StartupHeap | None = None,
+) -> int:
+    """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed.
+
+    ``options`` (sink name -> keyword options) override the run file's redacted copies. ``heap``: the
+    collector paused for the start-up, frozen and resumed here once every sink is open.
+    """
+    from rllog import registry
+    from rllog.delivery import POLL_INTERVAL, FlushWatcher, Follower, RetryPolicy, SinkState, live_poll_interval
+    from rllog.rundir import SinkSpec, load_run_info
+
+    info, run_file = load_run_info(run_dir)
+    specs = run_file.sinks
+    if only is not None:
+        known = {s.name: s for s in specs}
+        specs = [known.get(n, SinkSpec(n)) for n in only]
+
+    def parent_gone() -> bool:
+        return parent_pid is not None and os.getppid() != parent_pid
+
+    def attempt_starts() -> tuple[int, ...]:
+        return load_run_info(run_dir)[0].attempt_starts
+
+    if follow:
+        place(agent_cpus(parent_pid))  # before the trackers start their threads and processes, which inherit it
+    followers = []
+    for spec in specs:
+        sink_options = (options or {}).get(spec.name, spec.options)
+
+        def factory(name: str = spec.name, sink_options: dict = sink_options) -> Any:
+            return registry.create(name, sink_options)
+
+        follower = Follower(
+            spec.name,
+            factory,
+            info,
+            follow=follow,
+            writer_gone=parent_gone,
+            attempt_starts=attempt_starts,
+            flush_interval=run_file.flush_interval,
+            poll_interval=live_poll_interval(run_file.flush_interval) if follow else POLL_INTERVAL,
+            retry=RetryPolicy(**run_file.retry),
+            on_progress=partial(on_progress, spec.name) if on_progress else None,
+        )
+        try:
+            followers.append(follower.start(wait=LOCK_WAIT_SECONDS if follow else 0.0))
+        except Exception:  # SinkBusy: someone else delivers this sink; stop what was started and say so
+            for started in followers:
+                started.stop()
+                started.join(5)
+            raise
+    if follow:
+        FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
+        PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
+        _stop_followers_on_sigterm(followers)
+    orphaned_at = None
+    ended: set[str] = set()
+    while any(f.thread is not None and f.thread.is_alive() for f in followers):
+        for f in followers:
+            f.join(0.2)
+            if f.name not in ended and f.join(0):  # its cursor must say how it ended, now, while others go on
+                if follow and f.needs_restart:  # what the other followers have in flight is re-sent, as after a kill
+                    raise RestartAgent(f"{f.name}: {f.error}")
+                ended.add(f.name)
+                f.settle()
+        if heap is not None and not heap.frozen:
+            heap.freeze_once(opened=all(f.sink is not None or not (f.thread and f.thread.is_alive()) for f in followers))
+        if parent_gone():
+            orphaned_at = orphaned_at or time.monotonic()
+            if time.monotonic() - orphaned_at > orphan_timeout:
+                log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
+                return len([f for f in followers if f.state != SinkState.CLOSED])
+    for f in followers:
+        if follow and f.needs_restart:
+            raise RestartAgent(f"{f.name}: {f.error}")
+        if f.name not in ended:
+            f.settle()
+    return len([f for f in followers if f.state != SinkState.CLOSED])
+
+
+def _stop_followers_on_sigterm(followers: list) -> None:
+    """``finish``'s deadline stops the agent with SIGTERM (then SIGKILL, :data:`STOP_GRACE_SECONDS` later): each
+    follower is told to stop, so one that is retrying a tracker that is down keeps what its sink holds and saves its
+    cursor before the process ends (killed outright, the records the sink had taken were sent again by a replay)."""
+    if threading.current_thread() is not threading.main_thread():  # serve() run by a test or an embedding program
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        for follower in followers:
+            follower.stop()
+
+    signal.signal(signal.SIGTERM, stop)

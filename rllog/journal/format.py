@@ -1,0 +1,180 @@
+"""The run's append-only journal: the source of truth between the trainer and every sink.
+
+Layout: ``RUN_DIR/journal/<first_seq:012d>.rlj`` segments (``<first_seq:012d>.<n>.rlj`` when a
+segment of that name exists already). Each record is one frame, little-endian::
+
+    magic b"RLJ2" | kind u8 | flags u8 (0) | reserved u16 (0) | seq u64 | length u32 | header_crc u32 | crc u32 | payload
+
+``header_crc`` is the CRC-32 of the 20 bytes before it; ``crc`` is the CRC-32 of those same 20 bytes
+followed by the payload: the checksum covers header and payload. A reader trusts a frame's length only
+once its header checksum holds, so one damaged byte anywhere costs at most the frame it hits:
+
+- a damaged header (magic, kind, seq, length): the reader searches forward for the next position where
+  a header with a valid checksum starts (re-synchronises) and counts the bytes it skipped;
+- a damaged payload: the header's length is trusted, the frame is skipped and counted;
+- a frame that ends past the end of the file: still being written, or the torn tail of a writer that
+  was killed mid-write. Followers wait for it; once no writer is left (``final``) or a later segment
+  exists, it is skipped and counted as torn.
+
+Kinds: metrics (JSON ``{"step", "time", "values"}``; NaN/inf as JSON's NaN/Infinity), table (u32 header
+length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), alert (JSON of the
+:class:`AlertRecord` fields), config (JSON ``{"step", "time", "values"}``), end (JSON ``{"status", "time"}``,
+seq 0). A resumed run (a new attempt) starts a new segment; an end marker followed by a later segment
+ended an attempt, not the run.
+
+One background thread per run writes (:class:`rllog.journal.JournalWriter`, :mod:`rllog.journal.writer`);
+``append`` only puts the entry in a deque (no disk wait; a table is encoded first, on the caller's thread). A writer
+never appends to a segment it did not create, and a write the disk refuses halfway (ENOSPC) is cut back to the last
+complete frame and retried later: a segment never holds a broken frame except a crash's tail. Readers:
+:mod:`rllog.journal.reader`. This module is the format: its constants, framing, encoding and decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, TableRecord
+
+MAGIC = b"RLJ2"
+HEADER_PREFIX = struct.Struct("<4sBBHQI")  # the 20 bytes header_crc covers
+HEADER = struct.Struct("<4sBBHQIII")
+KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG = 1, 2, 3, 4, 5
+KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG)
+SEGMENT_BYTES = 64 * 1024 * 1024
+SUFFIX = ".rlj"
+READ_CHUNK = 4 * 1024 * 1024
+READ_ALL_BYTES = 16 * 1024 * 1024  # payload bytes read_all decodes at a time: memory bounded whatever a record's width
+# What a payload that passed its checksum raises when it does not decode as its kind: bad bytes (damage). Anything
+# else (MemoryError, an OSError, a bug) says nothing about the frame: it propagates, and the frame is read again.
+DECODE_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,  # JSON, UTF-8, Arrow's ArrowInvalid
+    KeyError,
+    TypeError,  # a JSON document of the wrong shape for its record
+    IndexError,
+    struct.error,
+    pa.ArrowNotImplementedError,  # an Arrow stream naming a type that does not exist
+)
+DAMAGE_PLACES_KEPT = 1000  # places of damage a Damage remembers (and a cursor file lists) to count each once
+MAX_FRAME = 1 << 31  # a length above this is damage, not data (a table of 2 GiB is refused long before)
+
+
+@dataclass(frozen=True)
+class End:
+    """The end marker ``Run.finish`` writes: the run's final status."""
+
+    status: str
+    time: float
+    segment: str = field(default="", compare=False)  # the segment it was read from
+
+    def ends_run(self, run_dir: str | os.PathLike) -> bool:
+        """False when a later segment exists: this marker ended an attempt, and the run was resumed after it."""
+        later = segments(journal_dir(run_dir))
+        return not later or later[-1].name == self.segment or not self.segment
+
+
+Record = MetricsRecord | TableRecord | AlertRecord | ConfigRecord
+
+
+def journal_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "journal"
+
+
+def segment_key(path: Path) -> tuple[int, int]:
+    parts = path.name.split(".")
+    try:
+        return int(parts[0]), int(parts[1]) if len(parts) == 3 else 0
+    except ValueError:
+        return (1 << 62, 0)
+
+
+def segments(directory: Path) -> list[Path]:
+    """The journal's segment files, in the order they were written."""
+    return sorted(directory.glob("*" + SUFFIX), key=segment_key) if directory.is_dir() else []
+
+
+# -- encoding ------------------------------------------------------------------------------------
+
+
+def frame(kind: int, seq: int, payload: bytes) -> bytes:
+    prefix = HEADER_PREFIX.pack(MAGIC, kind, 0, 0, seq, len(payload))
+    head_crc = zlib.crc32(prefix)
+    return prefix + struct.pack("<II", head_crc, zlib.crc32(payload, head_crc)) + payload
+
+
+def encode_metrics(seq: int, step: int, t: float, values: dict[str, float]) -> bytes:
+    return frame(KIND_METRICS, seq, json.dumps({"step": step, "time": t, "values": values}, separators=(",", ":")).encode())
+
+
+def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> bytes:
+    header = json.dumps({"step": step, "time": t, "name": name}).encode()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as stream:
+        stream.write_table(table)
+    return frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
+
+
+@dataclass(frozen=True)
+class EncodedEntry:
+    """An entry encoded on the thread that appended it (a table: see :meth:`JournalWriter.append`)."""
+
+    seq: int
+    frame: bytes
+
+
+def encode_alert(a: AlertRecord) -> bytes:
+    fields = {
+        "step": a.step,
+        "time": a.time,
+        "rule": a.rule,
+        "metric": a.metric,
+        "value": a.value,
+        "message": a.message,
+        "level": a.level,
+    }
+    return frame(KIND_ALERT, a.seq, json.dumps(fields).encode())
+
+
+def encode_config(c: ConfigRecord) -> bytes:
+    return frame(KIND_CONFIG, c.seq, json.dumps({"step": c.step, "time": c.time, "values": dict(c.values)}, default=str).encode())
+
+
+def encode_end(status: str, t: float) -> bytes:
+    return frame(KIND_END, 0, json.dumps({"status": status, "time": t}).encode())
+
+
+def decode_frame(kind: int, seq: int, payload: bytes) -> Record | End:
+    if kind == KIND_ALERT:
+        return AlertRecord(seq=seq, **json.loads(payload))
+    if kind == KIND_METRICS:
+        data = json.loads(payload)
+        return MetricsRecord(seq, data["step"], data["time"], data["values"])
+    if kind == KIND_CONFIG:
+        data = json.loads(payload)
+        return ConfigRecord(seq, data["step"], data["time"], data["values"])
+    if kind == KIND_TABLE:
+        (n,) = struct.unpack_from("<I", payload)
+        header = json.loads(payload[4 : 4 + n])
+        table = pa.ipc.open_stream(pa.py_buffer(payload[4 + n :])).read_all()
+        return TableRecord(seq, header["step"], header["time"], header["name"], table)
+    data = json.loads(payload)
+    return End(data["status"], data["time"])
+
+
+def header_at(buf: bytes | memoryview, pos: int) -> tuple[int, int, int, int] | None:
+    """``(kind, seq, length, crc)`` of a header with a valid checksum at ``pos``, else None."""
+    magic, kind, _flags, _reserved, seq, length, head_crc, crc = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC or zlib.crc32(buf[pos : pos + HEADER_PREFIX.size]) != head_crc:
+        return None
+    if kind not in KINDS or length > MAX_FRAME:
+        return None
+    return kind, seq, length, crc
+
+
+# -- writing -------------------------------------------------------------------------------------
