@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import threading
 
@@ -235,8 +234,7 @@ def test_tables_with_odd_cells(tracker_dirs, tmp_path):
     )
     step, rows = back.tables["completions"][1]
     assert step == 20 and len(rows) == 1
-    assert math.isnan(rows[0].pop("reward"))
-    assert rows[0] == {"prompt": "1+1=", "completion": "2", "advantage": None, "tokens": [1, 2, 3], "raw": "café"}
+    assert rows[0] == {"prompt": "1+1=", "completion": "2", "reward": None, "advantage": None, "tokens": [1, 2, 3], "raw": "café"}
     assert back.tables["eval/samples"] == [(20, [])]
     assert back.metrics == {"reward": [(0, 0.5)]}  # tables are not metrics
 
