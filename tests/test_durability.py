@@ -84,13 +84,6 @@ def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tm
     assert report["parquet"].delivered == report.records == n and report["parquet"].pending == 0
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 4 MiB filesystem (tmpfs) that the test can fill and free."""
-    with tmpfs(tmp_path / "disk", "size=4m") as disk:
-        yield disk
-
-
 @pytest.mark.slow
 def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small_disk, tracker_dirs, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(small_disk / "tb"))
