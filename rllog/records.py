@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from rllog.system_metrics import PREFIX as SYSTEM_PREFIX
 
-STATUSES = ("finished", "failed", "killed")
+STATUSES = ("finished", "failed", "killed")  # the run status: how a run ended (not a sink's state; docs/formats.md)
 
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
