@@ -365,7 +365,7 @@ for i in range(n):
     out.write(f"L {i} {time.monotonic()}\n")
     if i % 10 == 9:
         out.flush()
-        time.sleep(spec["pace"] * 10)
+        time.sleep(spec["pace"] * 10)  # the trainer's pace, part of the schedule: faults land while it logs
 for f in ends.get(n, []):
     end(f)
 out.flush()

@@ -11,10 +11,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rllog.errors import RateLimited, TransientError
+from rllog.records import RunInfo
 from rllog.sink import Capabilities
 
 
@@ -97,6 +99,26 @@ class CrashingSink(MemorySink):
         raise RuntimeError("tracker exploded")
 
 
+def backend_run_info(
+    where: str | os.PathLike | dict,
+    *,
+    project: str = "grpo-math",
+    name: str = "grpo-run",
+    run_id: str = "r0001",
+    config: dict | None = None,
+    run_dir: str | os.PathLike | None = None,
+    **fields: Any,
+) -> RunInfo:
+    """The ``RunInfo`` a backend test opens its sink with (each test module sets its defaults with ``partial``).
+
+    ``where``: the test's tmp directory, or the ``tracker_dirs`` dict (its ``tmp``); the run directory is
+    ``<where>/run`` unless ``run_dir`` says otherwise. ``fields``: the other ``RunInfo`` fields (tags, attempts, ...).
+    """
+    base = Path(where["tmp"] if isinstance(where, dict) else where)
+    directory = Path(run_dir) if run_dir is not None else base / "run"
+    return RunInfo(project, name, str(directory), run_id, {} if config is None else config, **fields)
+
+
 def wait_until(predicate, timeout: float = 60.0) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` seconds passed (a condition, not a timing assertion)."""
     deadline = time.monotonic() + timeout
@@ -107,7 +129,16 @@ def wait_until(predicate, timeout: float = 60.0) -> bool:
     return False
 
 
-__all__ = ["BlockingSink", "CrashingSink", "FlakySink", "MemorySink", "RateLimited", "TransientError", "wait_until"]
+__all__ = [
+    "BlockingSink",
+    "CrashingSink",
+    "FlakySink",
+    "MemorySink",
+    "RateLimited",
+    "TransientError",
+    "backend_run_info",
+    "wait_until",
+]
 
 
 class CannotMount(RuntimeError):

@@ -18,12 +18,13 @@ import math
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from readers import BACKENDS, hook, read_back
-from sinks import fill, tmpfs
+from sinks import backend_run_info, fill, tmpfs
 
 import rllog
 from rllog import registry
@@ -40,8 +41,7 @@ def backend(request, tracker_dirs, monkeypatch):
     return request.param
 
 
-def make_info(env: dict, run_id: str = "contract-0001", config: dict | None = None) -> RunInfo:
-    return RunInfo("contract", "grpo-run", str(Path(env["tmp"]) / "run"), run_id, CONFIG if config is None else config)
+make_info = partial(backend_run_info, project="contract", run_id="contract-0001", config=CONFIG)
 
 
 def open_sink(backend: str, info: RunInfo):

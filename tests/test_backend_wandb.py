@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 import threading
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -18,6 +19,7 @@ import pytest
 pytest.importorskip("wandb")
 
 from readers import wandb as reader
+from sinks import backend_run_info
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
@@ -57,10 +59,7 @@ GRPO_KEYS = [
 ]
 
 
-def info(tmp_path, run_id="abcd1234", **kw) -> RunInfo:
-    return RunInfo(
-        project=kw.pop("project", "grpo-test"), name=kw.pop("name", "tiny"), run_dir=str(tmp_path / "run"), run_id=run_id, **kw
-    )
+info = partial(backend_run_info, project="grpo-test", name="tiny", run_id="abcd1234")
 
 
 def metrics(seq, step, values):

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
@@ -320,9 +319,9 @@ run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1)
 for i in range(200):
     run.log({"i": float(i)}, step=i)
 run.log_table("completions", {"prompt": ["p"], "completion": ["c"]})
-time.sleep(0.5)
+time.sleep(0.5)  # the kill comes more than flush_interval after the last log (the guarantee's condition)
 print("logged", flush=True)
-time.sleep(600)
+time.sleep(600)  # alive until the test kills it
 """
 
 
@@ -375,9 +374,7 @@ def test_log_does_no_disk_write_and_no_sink_call_on_the_caller_thread(tmp_path, 
     for i in range(500):
         run.log({"i": float(i)})
         run.log_table("t", {"a": [i]})
-    deadline = time.monotonic() + 30
-    while run._writer.written_seq < run._seq and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: run._writer.written_seq == run._seq, timeout=30)
     monkeypatch.undo()  # finish() writes its flush request on the caller's thread, which is not log()'s
     assert run.finish().ok
     assert writers and caller not in writers and set(writers) == {"rllog-journal"}

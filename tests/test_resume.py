@@ -27,7 +27,7 @@ for step in range(100):
 run.log_table("samples", {"text": ["first"]}, step=99)
 run.flush(timeout=60)
 print(run.run_id, flush=True)
-time.sleep(600)
+time.sleep(600)  # alive until the test kills it
 """
 
 
