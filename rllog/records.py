@@ -6,14 +6,17 @@ reader, never by user code, and are never mutated.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
 
-STATUSES = ("finished", "failed", "killed")
+from rllog.system_metrics import PREFIX as SYSTEM_PREFIX
+
+STATUSES = ("finished", "failed", "killed")  # the run status: how a run ended (not a sink's state; docs/formats.md)
 
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -150,15 +153,99 @@ class AlertRecord:
     level: str = "warning"  # "warning" or "error"
 
 
-def restarting_attempts(attempts: Sequence[Mapping[str, Any]]) -> list[tuple[int, int | None]]:
-    """``(first_seq, end_seq)`` of each later attempt that restarts (run.json's ``attempts``; ``end_seq`` is the next
-    attempt's first seq, None for the last). An attempt marked ``continues`` (``resume="continue"``) carries on where
-    the run stopped and is left out: it supersedes nothing. Readers drop an earlier attempt's rows from the first
-    step a restarting attempt logged."""
-    ordered = sorted(attempts, key=lambda a: a["first_seq"])
-    firsts = [a["first_seq"] for a in ordered]
-    return [
-        (first, firsts[i + 1] if i + 1 < len(firsts) else None)
-        for i, first in enumerate(firsts)
-        if i > 0 and not ordered[i].get("continues")
-    ]
+def decides_restart(keys: Iterable[str]) -> bool:
+    """Whether a metrics record with these keys sets the step its attempt restarts at: it holds a metric the trainer
+    logged. ``system/...`` samples alone do not: the trainer journals them at its current step, which at the start
+    of a resumed attempt is still the previous attempt's last step, not the step the attempt restarted from."""
+    return any(not key.startswith(SYSTEM_PREFIX) for key in keys)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Where a later attempt of a resumed run took over: its first record that :func:`decides_restart`.
+
+    Attributes:
+        attempt: the attempt (2, 3, ...).
+        seq, step: that record's seq and step.
+        supersedes: False for an attempt marked ``continues`` (``resume="continue"``): it carries on where the run
+            stopped and supersedes nothing.
+    """
+
+    attempt: int
+    seq: int
+    step: int
+    supersedes: bool
+
+
+class Supersession:
+    """The one rule for what a resumed run's later attempts supersede, for every reader and backend.
+
+    A later attempt restarts at the step of its first metrics record holding a trainer metric
+    (:func:`decides_restart`). Every record before that one in seq order whose step is at or after that step is
+    superseded: an earlier attempt's records (what the checkpoint the job resumed from did not keep), and the
+    attempt's own ``system/...`` samples journaled before it (stamped with the previous attempt's last step).
+    Steps that go back later within an attempt supersede nothing: they are that attempt's own values. Tables and
+    alerts are superseded by the same test but never decide.
+
+    The rule is a stream: feed :meth:`decide` every metrics record in seq order (TensorBoard writes its restart
+    marker where it returns a restart; ``rllog show`` and the Parquet reader then ask :meth:`superseded`).
+
+    Example:
+        >>> rule = Supersession(attempt_starts=(1, 11))
+        >>> rule.decide(11, 9, ["system/cpu_percent"]), rule.decide(12, 5, ["loss"])
+        (None, Restart(attempt=2, seq=12, step=5, supersedes=True))
+        >>> rule.superseded(seq=7, step=6), rule.superseded(seq=7, step=4), rule.superseded(seq=13, step=6)
+        (True, False, False)
+    """
+
+    def __init__(self, attempt_starts: Iterable[int] = (1,), continuing_starts: Iterable[int] = ()):
+        self.attempt_starts = tuple(sorted(attempt_starts)) or (1,)
+        self.continuing_starts = frozenset(continuing_starts)
+        self.decided: set[int] = set()  # attempts whose restart is known (a sink reopened mid-run adds its own)
+        self.restarts: list[Restart] = []  # the decided restarts that supersede, in seq order
+
+    @classmethod
+    def of(cls, info: RunInfo) -> Supersession:
+        return cls(info.attempt_starts, info.continuing_starts)
+
+    def copy(self) -> Supersession:
+        """An independent copy (a sink that rolls a failed write back restores what it had decided before it)."""
+        other = Supersession(self.attempt_starts, self.continuing_starts)
+        other.decided, other.restarts = set(self.decided), list(self.restarts)
+        return other
+
+    def attempt(self, seq: int) -> int:
+        """The attempt (1, 2, ...) record ``seq`` belongs to."""
+        return max(1, bisect.bisect_right(self.attempt_starts, seq))
+
+    def later_attempts(self) -> list[tuple[int, int | None]]:
+        """``(first_seq, end_seq)`` of each attempt after the first (``end_seq``: the next one's first, None for the
+        last): where a reader that holds records out of stream order looks for each one's deciding record."""
+        starts = self.attempt_starts
+        return [(first, starts[i + 1] if i + 1 < len(starts) else None) for i, first in enumerate(starts) if i > 0]
+
+    def decide(self, seq: int, step: int, keys: Iterable[str]) -> Restart | None:
+        """The restart metrics record ``seq`` decides, if it is the first of a later attempt that
+        :func:`decides_restart`; None for every other record (and for an attempt already decided)."""
+        attempt = self.attempt(seq)
+        if attempt <= 1 or attempt in self.decided or not decides_restart(keys):
+            return None
+        self.decided.add(attempt)
+        restart = Restart(attempt, seq, step, supersedes=self.attempt_starts[attempt - 1] not in self.continuing_starts)
+        if restart.supersedes:
+            self.restarts.append(restart)
+        return restart
+
+    def superseded(self, seq: int, step: int) -> bool:
+        """Whether a later attempt's restart supersedes the record at ``seq`` and ``step``."""
+        return any(seq < r.seq and step >= r.step for r in self.restarts)
+
+    def superseded_mask(self, seqs: pa.ChunkedArray | pa.Array, steps: pa.ChunkedArray | pa.Array) -> Any:
+        """:meth:`superseded` for columns of seqs and steps at once: a boolean array (None when nothing is)."""
+        import pyarrow.compute as pc
+
+        mask = None
+        for r in self.restarts:
+            hit = pc.and_(pc.less(seqs, r.seq), pc.greater_equal(steps, r.step))
+            mask = hit if mask is None else pc.or_(mask, hit)
+        return mask

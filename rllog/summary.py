@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 from rllog.journal import End, read_all
-from rllog.records import AlertRecord, MetricsRecord, TableRecord, restarting_attempts
-from rllog.rundir import RunFile
+from rllog.records import AlertRecord, MetricsRecord, Supersession, TableRecord
+from rllog.rundir import load_run_info
 
 
 @dataclass
@@ -33,18 +33,15 @@ class RunSummary:
 
 
 def _latest_attempt(run_dir: str | os.PathLike, metrics: list[MetricsRecord]) -> list[MetricsRecord]:
-    """A resumed run as its latest attempt left it: an earlier attempt's records at or after the step a later one
-    restarted from are left out (as ``rllog.read_metrics`` does)."""
+    """A resumed run as its latest attempt left it: what a later attempt superseded (``rllog.records.Supersession``,
+    the rule ``rllog.read_metrics`` and TensorBoard follow) is left out. ``metrics`` are in seq order."""
     try:
-        ranges = restarting_attempts(RunFile.read(run_dir).attempts)
+        rule = Supersession.of(load_run_info(run_dir)[0])
     except (FileNotFoundError, ValueError, TypeError, KeyError):
         return metrics
-    restarts = []
-    for first, end in ranges:
-        steps = [m.step for m in metrics if m.seq >= first and (end is None or m.seq < end)]
-        if steps:
-            restarts.append((first, min(steps)))
-    return [m for m in metrics if not any(m.seq < first and m.step >= step for first, step in restarts)]
+    for m in metrics:
+        rule.decide(m.seq, m.step, m.values)
+    return [m for m in metrics if not rule.superseded(m.seq, m.step)]
 
 
 def summarise(run_dir: str | os.PathLike) -> RunSummary:

@@ -33,7 +33,6 @@ default delivery that is the agent's log, ``RUN_DIR/agent.log``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
+from rllog_backends._cells import cell
 
 RUN_ID_TAG = "rllog.run_id="
 STATUS_TAG = "rllog.status="
@@ -56,7 +56,6 @@ FRAMEWORKS = (
 #: Task.init's ``auto_connect_frameworks``: patch nothing, and skip the repository detection (which also
 #: asks ClearML's update server for a new version, even offline).
 NO_FRAMEWORKS = {name: False for name in FRAMEWORKS} | {"detect_repository": False}
-CELLS = {"nan": "NaN", "inf": "Inf", "-inf": "-Inf"}  # what Logger.report_table writes for a DataFrame's NaN/inf
 
 
 def title_series(key: str) -> tuple[str, str]:
@@ -80,18 +79,6 @@ def key_of(title: str, series: str) -> str:
 def stored_value(value: float) -> float:
     """A metric value as the sink reports it: ±inf as ±the largest double, everything else unchanged."""
     return math.copysign(MAX_DOUBLE, value) if math.isinf(value) else value
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return CELLS[repr(value)]
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, ensure_ascii=False, default=str)
-    return str(value)
 
 
 def _forget_parent_task() -> None:
@@ -213,7 +200,7 @@ class ClearMLSink:
     def write_table(self, record: TableRecord) -> None:
         logger = self._require_task().get_logger()
         columns = [str(c) for c in record.table.column_names]
-        rows = [[_cell(row.get(c)) for c in record.table.column_names] for row in record.table.to_pylist()]
+        rows = [[cell(row.get(c), nested=False) for c in record.table.column_names] for row in record.table.to_pylist()]
         title, series = title_series(record.name)
         with map_errors("clearml"):
             logger.report_table(title=title, series=series, iteration=record.step, table_plot=[columns, *rows])

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -44,6 +43,7 @@ from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
+from rllog_backends._cells import cell
 
 log = logging.getLogger("rllog.backends.dvclive")
 
@@ -78,21 +78,6 @@ def dvclive_key(key: str) -> str:
     parts = ["__" if p == ".." else _BAD.sub("_", p)[:MAX_PART] for p in key.split("/") if p not in ("", ".")] or ["_"]
     parts[-1] = parts[-1][: MAX_PART - len(suffix)] + suffix
     return "/".join(parts)
-
-
-def _cell(value: Any) -> Any:
-    """A table cell as strict JSON: NaN / ±inf as null (as pandas writes them), bytes decoded, the rest as JSON takes it."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
-    if isinstance(value, dict):
-        return {str(k): _cell(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_cell(v) for v in value]
-    return str(value)
 
 
 def _live_class() -> type:
@@ -177,7 +162,7 @@ class DVCLiveSink:
         live = self._require_live()
         target = Path(live.dir) / "tables" / dvclive_key(record.name) / f"step_{record.step}-seq_{record.seq}.json"
         columns = [str(c) for c in record.table.column_names]
-        data = [[_cell(row.get(c)) for c in record.table.column_names] for row in record.table.to_pylist()]
+        data = [[cell(row.get(c)) for c in record.table.column_names] for row in record.table.to_pylist()]
         text = json.dumps({"columns": columns, "data": data}, ensure_ascii=False, allow_nan=False)
         with map_errors("dvclive"):
             replace_file(target, text)

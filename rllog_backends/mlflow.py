@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import posixpath
 import re
@@ -40,6 +39,7 @@ from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import exception_chain, map_errors
+from rllog_backends._cells import cell
 from rllog_backends._conventions import REMEMBERED_DIR, Remembered, env, explicit_project, first
 
 logger = logging.getLogger(__name__)
@@ -167,21 +167,6 @@ def _chunks(items: Sequence[Any], max_count: int, size: Callable[[Any], int]) ->
         total += n
     if chunk:
         yield chunk
-
-
-def _json_cell(value: Any) -> Any:
-    """A table cell as JSON: NaN/inf become null (as pandas writes them), containers recursively."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _json_cell(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_cell(v) for v in value]
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return str(value)
 
 
 def _error_code(exc: BaseException) -> TransientError | None:
@@ -346,9 +331,7 @@ class MlflowSink:
 
     def write_table(self, record: TableRecord) -> None:
         columns = record.table.column_names
-        data = [
-            [_json_cell(v) for v in row] for row in zip(*(column.to_pylist() for column in record.table.columns), strict=True)
-        ]
+        data = [[cell(v) for v in row] for row in zip(*(column.to_pylist() for column in record.table.columns), strict=True)]
         # The format of MlflowClient.log_table (pandas "split", no index), so load_table reads it.
         text = json.dumps({"columns": columns, "data": data}, default=str)
         assert self._staged is not None, "open() first"

@@ -43,7 +43,8 @@ import pyarrow.compute as pc
 
 from rllog.errors import InvalidTable, TransientError
 from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
-from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, restarting_attempts
+from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, Supersession, TableRecord
+from rllog.rundir import RunFile
 from rllog.sink import Capabilities
 from rllog.sink_errors import is_disk_full
 from rllog_backends.parquet_store import PartStore, check_table, table_dir_name, whole_record_slices
@@ -120,46 +121,51 @@ def read_parts(directory: Path) -> pa.Table | None:
 
 # -- reading a run's files -------------------------------------------------------------------------
 
+# Rows read at a time while looking for an attempt's deciding record: it is almost always the attempt's first
+# record (a few ``system/...`` samples may come before it), so the first slice holds it.
+DECIDING_SLICE_ROWS = 4096
 
-def _run_file(run_dir: Path) -> dict:
+
+def _run_file(run_dir: Path) -> RunFile | None:
     try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
+        return RunFile.read(run_dir)
+    except (FileNotFoundError, ValueError, TypeError, KeyError):
+        return None
 
 
 def store_dir(run_dir: str | os.PathLike) -> Path:
     """Where the parquet backend of ``run_dir`` writes: its ``directory`` option from ``run.json``, else ``RUN_DIR/parquet``."""
     run_dir = Path(run_dir)
-    for spec in _run_file(run_dir).get("sinks", []):
-        directory = (spec.get("options") or {}).get("directory") if spec.get("name") == "parquet" else None
+    run_file = _run_file(run_dir)
+    for spec in run_file.sinks if run_file is not None else []:
+        directory = spec.options.get("directory") if spec.name == "parquet" else None
         if directory:
             return Path(directory) if Path(directory).is_absolute() else run_dir / directory
     return run_dir / DEFAULT_DIRECTORY
 
 
-def _attempt_starts(run_dir: Path, metrics: pa.Table) -> list[tuple[int, int]]:
-    """``(first_seq, first_step)`` of every resumed attempt that logged metrics (attempt 2 on)."""
-    starts = []
-    for first, end in restarting_attempts(_run_file(run_dir).get("attempts", [])):
+def _supersession(run_dir: Path, metrics: pa.Table) -> Supersession:
+    """The run's :class:`~rllog.records.Supersession` with every later attempt's restart decided from ``metrics``
+    (long format, in seq order): the first rows of each attempt, in order, until one decides."""
+    run_file = _run_file(run_dir)
+    rule = Supersession.of(run_file.run_info(run_dir)) if run_file is not None else Supersession()
+    for first, end in rule.later_attempts():
         mask = pc.greater_equal(metrics.column("seq"), first)
         if end is not None:
             mask = pc.and_(mask, pc.less(metrics.column("seq"), end))
-        steps = metrics.filter(mask).column("step")
-        if len(steps):
-            starts.append((first, pc.min(steps).as_py()))
-    return starts
+        rows = metrics.filter(mask)
+        for offset in range(0, rows.num_rows, DECIDING_SLICE_ROWS):
+            part = rows.slice(offset, DECIDING_SLICE_ROWS)
+            seqs, steps, keys = (part.column(c).to_pylist() for c in ("seq", "step", "key"))
+            if any(rule.decide(seq, step, [key]) for seq, step, key in zip(seqs, steps, keys, strict=True)):
+                break
+    return rule
 
 
-def _latest(table: pa.Table, starts: list[tuple[int, int]], seq: str, step: str) -> pa.Table:
-    """Drop the rows an attempt superseded: an earlier attempt's rows at or after the step a later attempt restarted from."""
-    if not starts or not table.num_rows:
-        return table
-    superseded = None
-    for first_seq, first_step in starts:
-        hit = pc.and_(pc.less(table.column(seq), first_seq), pc.greater_equal(table.column(step), first_step))
-        superseded = hit if superseded is None else pc.or_(superseded, hit)
-    return table.filter(pc.invert(superseded))
+def _latest(table: pa.Table, rule: Supersession, seq: str, step: str) -> pa.Table:
+    """``table`` without the rows a later attempt superseded."""
+    mask = rule.superseded_mask(table.column(seq), table.column(step)) if table.num_rows else None
+    return table if mask is None else table.filter(pc.invert(mask))
 
 
 def _metrics_all(run_dir: Path) -> pa.Table:
@@ -176,7 +182,7 @@ def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tab
     """
     run_dir = Path(run_dir)
     table = _metrics_all(run_dir)
-    return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, table), "seq", "step")
+    return table if attempts == "all" else _latest(table, _supersession(run_dir, table), "seq", "step")
 
 
 def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
@@ -184,7 +190,7 @@ def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tabl
     run_dir = Path(run_dir)
     table = read_parts(store_dir(run_dir) / "alerts")
     table = table if table is not None else ALERTS_SCHEMA.empty_table()
-    return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "seq", "step")
+    return table if attempts == "all" else _latest(table, _supersession(run_dir, _metrics_all(run_dir)), "seq", "step")
 
 
 def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") -> pa.Table:
@@ -197,7 +203,7 @@ def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") 
     table = read_parts(store_dir(run_dir) / "tables" / table_dir_name(name))
     if table is None:
         raise KeyError(f"no table {name!r} in {run_dir}")
-    return table if attempts == "all" else _latest(table, _attempt_starts(run_dir, _metrics_all(run_dir)), "_seq", "_step")
+    return table if attempts == "all" else _latest(table, _supersession(run_dir, _metrics_all(run_dir)), "_seq", "_step")
 
 
 def read_meta(run_dir: str | os.PathLike) -> dict:

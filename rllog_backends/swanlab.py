@@ -35,7 +35,6 @@ requirements, conda and git probes and its system monitor are off, its own messa
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -47,6 +46,7 @@ from rllog.errors import TransientError
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
+from rllog_backends._cells import cell
 
 log = logging.getLogger("rllog.backends.swanlab")
 
@@ -102,17 +102,6 @@ def swanlab_project(project: str) -> str:
 def swanlab_run_id(run_id: str) -> str:
     """The SwanLab run id: rllog's, without characters a folder name cannot hold."""
     return _RUN_ID_BAD.sub("-", run_id)[:512] or "rllog"
-
-
-def _cell(value: Any) -> Any:
-    """A table cell as SwanLab's echarts table stores it: scalars as they are, anything else as JSON text."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace")
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value, ensure_ascii=False, default=str)
-    return str(value)
 
 
 class _Written:
@@ -293,7 +282,7 @@ class SwanLabSink:
 
         table = swanlab.echarts.Table()
         columns = [str(c) for c in record.table.column_names]
-        rows = [[_cell(row.get(c)) for c in record.table.column_names] for row in record.table.to_pylist()]
+        rows = [[cell(row.get(c), nested=False) for c in record.table.column_names] for row in record.table.to_pylist()]
         table.add(headers=columns, rows=rows)
         self._log(run, {swanlab_key(record.name, self.step_key): table}, record, "media")
         self._last_seq["table"] = record.seq

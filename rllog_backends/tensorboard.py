@@ -34,15 +34,15 @@ goes to ``out_of_order_2``, ...): every run keeps increasing steps per tag, noth
 late point shows as a second series on the same chart. An equal step stays in the run (TensorBoard
 shows the last value written at that step; the event file keeps both).
 
-Resumed runs: when a later attempt (``run_info.attempt_starts``) restarts at a step at or below the
-highest step already written (a job resumed from an earlier checkpoint), what the earlier attempts wrote
-from that step on is superseded. The sink writes TensorBoard's own restart marker, an event with
-``session_log.status = START`` at that step, into the run and each ``out_of_order`` layer, and the
-attempt's points go to the run as usual. TensorBoard's Python loader (``EventAccumulator``,
-``tensorboard --load_fast=false``) then drops every earlier point at or after that step; the default
-Rust data server drops them per tag, as soon as the attempt writes that tag again. The attempt's first
-record decides, unless it holds only ``system/...`` metrics (sampled at the previous attempt's last step
-before the trainer logs its own). Each attempt's decision is marked in the run (``session_log.msg``
+Resumed runs: the rule of :class:`rllog.records.Supersession` (the one ``rllog show`` and the Parquet
+reader follow). When the record that decides a later attempt's restart (its first with a trainer metric;
+``system/...`` samples alone are stamped with the previous attempt's last step) is at or below the highest
+step already written (a job resumed from an earlier checkpoint), what was written from that step on is
+superseded. The sink writes TensorBoard's own restart marker, an event with ``session_log.status = START``
+at that step, into the run and each ``out_of_order`` layer, and the attempt's points go to the run as
+usual. TensorBoard's Python loader (``EventAccumulator``, ``tensorboard --load_fast=false``) then drops
+every earlier point at or after that step; the default Rust data server drops them per tag, as soon as
+the attempt writes that tag again. Each attempt's decision is marked in the run (``session_log.msg``
 ``rllog attempt <n> ...``) so a reopened sink does not decide twice.
 
 Read back with::
@@ -55,7 +55,6 @@ Read back with::
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import html
 import io
@@ -68,10 +67,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import ConfigRecord, MetricsRecord, RunInfo, Supersession, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
-from rllog.system_metrics import PREFIX as SYSTEM_PREFIX
 from rllog_backends._conventions import Remembered, env, first
 
 TEXT_SUFFIX = "/text_summary"
@@ -227,9 +225,7 @@ class TensorBoardSink:
         self._layers: list[_Layer] = []
         self._last_step = 0
         self._high: int | None = None  # highest step of any point written (None: none yet)
-        self._attempt_starts: tuple[int, ...] = (1,)
-        self._continuing_starts: frozenset[int] = frozenset()
-        self._decided: set[int] = set()  # attempts whose restart was decided (marked in the run)
+        self._supersession = Supersession()  # which record decides each later attempt's restart
         self._config: dict[str, Any] = {}  # the config so far (this session's values keep their types)
         self._config_rows: dict[str, tuple[str, str]] = {}  # key -> (value text, "set at step" text), as shown
         self._config_shown = False  # the run has a config text (a reopen shows only what changed)
@@ -247,8 +243,7 @@ class TensorBoardSink:
             os.path.join(run_info.run_dir, "tensorboard"),
         )
         remembered.save(logdir=self.logdir)
-        self._attempt_starts = tuple(sorted(run_info.attempt_starts)) or (1,)
-        self._continuing_starts = frozenset(getattr(run_info, "continuing_starts", ()))
+        self._supersession = Supersession.of(run_info)
         self._trial_id = run_info.run_id
         self._layers = [_Layer(self._layer_path(0))]
         self._recover()
@@ -268,7 +263,7 @@ class TensorBoardSink:
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         for r in records:
-            self._decide_attempt(r, r.values)
+            self._decide_attempt(r)
             by_layer: dict[int, list] = {}
             for key, value in r.values.items():
                 by_layer.setdefault(self._layer_for(key, r.step), []).append(
@@ -283,7 +278,6 @@ class TensorBoardSink:
 
     def write_table(self, record: TableRecord) -> None:
         tag = table_tag(record.name)
-        self._decide_attempt(record)
         text = markdown_table(record.table.column_names, record.table.to_pylist(), self.max_cell_chars)
         self._layers[self._layer_for(tag, record.step)].add_event(_text_event(tag, text, step=record.step, wall_time=record.time))
         self._wrote(record.step)
@@ -314,7 +308,7 @@ class TensorBoardSink:
         return {
             "_last_step": self._last_step,
             "_high": self._high,
-            "_decided": set(self._decided),
+            "_supersession": self._supersession.copy(),
             "_config": dict(self._config),
             "_config_rows": dict(self._config_rows),
             "_config_shown": self._config_shown,
@@ -323,7 +317,7 @@ class TensorBoardSink:
 
     def _restore(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
-            setattr(self, name, value.copy() if isinstance(value, (set, dict)) else value)
+            setattr(self, name, value.copy() if isinstance(value, (set, dict, Supersession)) else value)
 
     def close(self, status: str) -> None:
         if not self._layers:
@@ -373,7 +367,7 @@ class TensorBoardSink:
                 self._purged_from(layer, event.step)
             match = ATTEMPT_MARK.match(event.session_log.msg)
             if match:
-                self._decided.add(int(match.group(1)))
+                self._supersession.decided.add(int(match.group(1)))  # marked in the run: decided before
         for value in event.summary.value:
             if value.tag == CONFIG_TAG:
                 rows = parse_markdown_table(value.tensor.string_val[0].decode("utf-8")) if value.tensor.string_val else []
@@ -406,26 +400,19 @@ class TensorBoardSink:
         self._high = step if self._high is None else max(self._high, step)
 
     # -- resumed runs ---------------------------------------------------------------------------
-    def _decide_attempt(self, record: MetricsRecord | TableRecord, values: Mapping[str, float] | None = None) -> None:
-        """At the first record of a later attempt: its restart step supersedes what was written from there on.
-
-        A record with only ``system/...`` metrics does not decide: the agent samples them at the previous
-        attempt's last step until the trainer logs its own step.
-        """
-        attempt = bisect.bisect_right(self._attempt_starts, record.seq)
-        if attempt <= 1 or attempt in self._decided:
+    def _decide_attempt(self, record: MetricsRecord) -> None:
+        """At the record that decides a later attempt's restart (:class:`rllog.records.Supersession`): TensorBoard's
+        restart marker at its step, so that what was written from that step on is superseded."""
+        decision = self._supersession.decide(record.seq, record.step, record.values)
+        if decision is None:
             return
-        if values is not None and all(key.startswith(SYSTEM_PREFIX) for key in values):
-            return
-        self._decided.add(attempt)
         from tensorboard.compat.proto import event_pb2
 
-        continues = self._attempt_starts[attempt - 1] in self._continuing_starts  # a reopened run: no restart
-        restarts = self._high is not None and record.step <= self._high and not continues
+        restarts = decision.supersedes and self._high is not None and record.step <= self._high
         verb = "restarts" if restarts else "continues"
         session = event_pb2.SessionLog(
             status=event_pb2.SessionLog.START if restarts else event_pb2.SessionLog.STATUS_UNSPECIFIED,
-            msg=f"rllog attempt {attempt} {verb} at step {record.step}",
+            msg=f"rllog attempt {decision.attempt} {verb} at step {record.step}",
         )
         for layer in self._layers if restarts else self._layers[:1]:
             if restarts and not layer.has_start:

@@ -61,6 +61,7 @@ from typing import Any
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
 from rllog.sink import Capabilities
 from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
+from rllog_backends._cells import cell
 from rllog_backends._conventions import Remembered, env, explicit_name, explicit_project, first
 
 STEP_KEY = "rllog/step"
@@ -187,19 +188,6 @@ def exit_written(path: str | os.PathLike) -> bool:
             if record.WhichOneof("record_type") == "exit":
                 return True
     return False
-
-
-def _cell(value: Any) -> Any:
-    """A table cell wandb can write as JSON: scalars and lists/dicts as they are, bytes decoded, the rest ``str``."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", errors="replace")
-    if isinstance(value, (list, tuple)):
-        return [_cell(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _cell(v) for k, v in value.items()}
-    return str(value)
 
 
 @contextmanager
@@ -470,7 +458,7 @@ class WandbSink:
             if table.num_columns
             else []
         )
-        rows = [[_cell(v) for v in r] for r in rows]
+        rows = [[cell(v) for v in r] for r in rows]
         name = wandb_key(record.name, self.step_key)
         n = min(self.max_table_rows, getattr(wandb.Table, "MAX_ROWS", MAX_TABLE_ROWS))  # never above wandb's cut
         if len(rows) <= n:

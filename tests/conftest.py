@@ -34,6 +34,16 @@ sys.path.insert(0, str(NETGUARD))
 import rllog_netguard  # noqa: E402,F401  (installs the audit hook in this process too)
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 4 MiB filesystem (tmpfs) the test can fill and free, unmounted after. Without one (not root), the test
+    skips with the reason, or fails under ``CI=true`` (``tests/sinks.py``: ``tmpfs``, ``cannot_mount``)."""
+    from sinks import tmpfs
+
+    with tmpfs(tmp_path / "disk", "size=4m") as disk:
+        yield disk
+
+
 @pytest.fixture(autouse=True)
 def no_network():
     """Fail any test that tried (in this process or a child) to connect to a non-loopback address."""

@@ -36,9 +36,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from sinks import mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"
@@ -112,10 +114,6 @@ INVARIANTS = {
     "its report says so",
     "replay_no_resend": "a second `rllog replay` sends nothing",
 }
-
-
-class NeedsRoot(RuntimeError):
-    """Mounting the tmpfs needs root."""
 
 
 @dataclass(frozen=True)
@@ -367,7 +365,7 @@ for i in range(n):
     out.write(f"L {i} {time.monotonic()}\n")
     if i % 10 == 9:
         out.flush()
-        time.sleep(spec["pace"] * 10)
+        time.sleep(spec["pace"] * 10)  # the trainer's pace, part of the schedule: faults land while it logs
 for f in ends.get(n, []):
     end(f)
 out.flush()
@@ -409,19 +407,6 @@ class Outcome:
     @property
     def keys(self) -> set[str]:
         return {v.invariant for v in self.violations}
-
-
-@contextlib.contextmanager
-def small_disk(directory: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs of ``size`` at ``directory`` (made here), unmounted after. Raises :class:`NeedsRoot` without root."""
-    if os.geteuid() != 0:
-        raise NeedsRoot("the explorer mounts a tmpfs (a real full disk); that needs root")
-    directory.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], check=True)
-    try:
-        yield directory
-    finally:
-        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 def keep_evidence(run_dir: Path, to: Path) -> None:
@@ -615,7 +600,7 @@ def run_schedule(schedule: Schedule, workdir: Path) -> Outcome:
     outcome = Outcome(schedule)
     began = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    with small_disk(workdir / "disk", f"{schedule.disk_mb}m") as disk:
+    with mounted_tmpfs(workdir / "disk", f"size={schedule.disk_mb}m") as disk:
         try:
             _run_and_check(schedule, workdir, disk, outcome)
         finally:

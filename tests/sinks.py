@@ -11,10 +11,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rllog.errors import RateLimited, TransientError
+from rllog.records import RunInfo
 from rllog.sink import Capabilities
 
 
@@ -97,6 +99,26 @@ class CrashingSink(MemorySink):
         raise RuntimeError("tracker exploded")
 
 
+def backend_run_info(
+    where: str | os.PathLike | dict,
+    *,
+    project: str = "grpo-math",
+    name: str = "grpo-run",
+    run_id: str = "r0001",
+    config: dict | None = None,
+    run_dir: str | os.PathLike | None = None,
+    **fields: Any,
+) -> RunInfo:
+    """The ``RunInfo`` a backend test opens its sink with (each test module sets its defaults with ``partial``).
+
+    ``where``: the test's tmp directory, or the ``tracker_dirs`` dict (its ``tmp``); the run directory is
+    ``<where>/run`` unless ``run_dir`` says otherwise. ``fields``: the other ``RunInfo`` fields (tags, attempts, ...).
+    """
+    base = Path(where["tmp"] if isinstance(where, dict) else where)
+    directory = Path(run_dir) if run_dir is not None else base / "run"
+    return RunInfo(project, name, str(directory), run_id, {} if config is None else config, **fields)
+
+
 def wait_until(predicate, timeout: float = 60.0) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` seconds passed (a condition, not a timing assertion)."""
     deadline = time.monotonic() + timeout
@@ -107,21 +129,59 @@ def wait_until(predicate, timeout: float = 60.0) -> bool:
     return False
 
 
-__all__ = ["BlockingSink", "CrashingSink", "FlakySink", "MemorySink", "RateLimited", "TransientError", "wait_until"]
+__all__ = [
+    "BlockingSink",
+    "CrashingSink",
+    "FlakySink",
+    "MemorySink",
+    "RateLimited",
+    "TransientError",
+    "backend_run_info",
+    "wait_until",
+]
+
+
+class CannotMount(RuntimeError):
+    """No small disk here: mounting a tmpfs needs root (CI and the developers' machines have it), or mount refused."""
 
 
 @contextlib.contextmanager
-def tmpfs(directory: Path, options: str) -> Iterator[Path]:
-    """A real filesystem (tmpfs, mount ``options`` such as ``size=4m``) at ``directory``, made here, that a test can
-    fill and free; unmounted after. Skips the test without root."""
+def mounted_tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    """A real filesystem (tmpfs, mount ``options`` such as ``size=4m``) at ``directory``, made here, that can be
+    filled and freed; unmounted after. Raises :class:`CannotMount` (outside pytest: the explorer's soak)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI and the developers' machines have it)")
-    directory.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], check=True)
+        raise CannotMount("mounting a tmpfs needs root (CI and the developers' machines have it)")
+    directory.mkdir(parents=True)
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)], capture_output=True, text=True)
+    if mount.returncode:
+        raise CannotMount(f"mount -t tmpfs -o {options} failed: {mount.stderr.strip()}")
     try:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def cannot_mount(exc: CannotMount) -> None:
+    """A test that needs a small disk and has none: it fails loudly under CI (``CI=true``, which runs as root, so a
+    full-disk test that skipped there would pass without testing anything) and skips with the reason elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"no small disk under CI: {exc}")
+    pytest.skip(f"no small disk: {exc}")
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, options: str) -> Iterator[Path]:
+    """:func:`mounted_tmpfs` for a test (see :func:`cannot_mount`); the ``small_disk`` fixture (tests/conftest.py)
+    is a 4 MiB one."""
+    try:
+        disk = mounted_tmpfs(directory, options)
+        path = disk.__enter__()
+    except CannotMount as exc:
+        cannot_mount(exc)
+    try:
+        yield path
+    finally:
+        disk.__exit__(None, None, None)
 
 
 def fill(disk: Path) -> Path:

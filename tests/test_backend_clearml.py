@@ -70,7 +70,9 @@ def test_one_offline_session_stores_clearmls_own_way(tracker_dirs, tmp_path, mon
 
     back = read_back(tracker_dirs, run_info)
     assert back.metrics["rewards/accuracy/mean"] == [(3, 0.5), (1, 0.25), (4, 0.75)]
-    assert back.tables["eval/samples"] == [(3, [{"text": "a", "score": "NaN"}, {"text": None, "score": 2.0}])]
+    assert back.tables["eval/samples"] == [
+        (3, [{"text": "a", "score": None}, {"text": None, "score": 2.0}])
+    ]  # NaN: an empty cell (rllog_backends/_cells.py)
     assert back.config == {"lr": "1e-06", "use_vllm": "False", "model/name": "tiny-qwen"}
     assert [t["tags"] for t, _ in found] == [
         ["rllog.run_id=cm-0001", "rllog.status=failed"],

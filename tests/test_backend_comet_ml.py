@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("comet_ml")
 import requests
 from readers import read_back
+from sinks import backend_run_info
 
 from rllog import registry
 from rllog.errors import RateLimited, TransientError
@@ -54,7 +55,7 @@ def make_run_info(env, name="grpo-run", run_id="0badcafe", config=None, tags=("r
         if config is None
         else config
     )
-    return RunInfo(project="grpo-math", name=name, run_dir=str(run_dir), run_id=run_id, config=config, tags=tags)
+    return backend_run_info(env, name=name, run_id=run_id, config=config, tags=tags, run_dir=run_dir)
 
 
 def value_of(step: int, i: int) -> float:

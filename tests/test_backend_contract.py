@@ -18,12 +18,13 @@ import math
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from readers import BACKENDS, hook, read_back
-from sinks import fill
+from sinks import backend_run_info, fill, tmpfs
 
 import rllog
 from rllog import registry
@@ -40,8 +41,7 @@ def backend(request, tracker_dirs, monkeypatch):
     return request.param
 
 
-def make_info(env: dict, run_id: str = "contract-0001", config: dict | None = None) -> RunInfo:
-    return RunInfo("contract", "grpo-run", str(Path(env["tmp"]) / "run"), run_id, CONFIG if config is None else config)
+make_info = partial(backend_run_info, project="contract", run_id="contract-0001", config=CONFIG)
 
 
 def open_sink(backend: str, info: RunInfo):
@@ -288,6 +288,44 @@ def test_nan_and_inf(backend, tracker_dirs):
     assert same(back.tables["completions"], [(1, expected_rows(backend, cells))])
 
 
+# One row per case of rllog_backends/_cells.py's policy: NaN/inf, None, bytes (UTF-8 and not), lists and structs.
+POLICY_COLUMNS = {
+    "number": [math.nan, math.inf, -math.inf, 0.25, None],
+    "raw": [b"caf\xc3\xa9", b"\xff", b"", None, b"ok"],
+    "tokens": [[1, 2], [], None, [3], [4]],
+    "meta": [{"k": 1.5}, {"k": math.nan}, None, {"k": None}, {"k": 2.0}],
+}
+POLICY_ROWS = {  # what each tracker stores, by how its table takes a list or a dict (the reader's TABLE_CELLS)
+    "nested": [
+        {"number": None, "raw": "caf\u00e9", "tokens": [1, 2], "meta": {"k": 1.5}},
+        {"number": None, "raw": "\\xff", "tokens": [], "meta": {"k": None}},
+        {"number": None, "raw": "", "tokens": None, "meta": None},
+        {"number": 0.25, "raw": None, "tokens": [3], "meta": {"k": None}},
+        {"number": None, "raw": "ok", "tokens": [4], "meta": {"k": 2.0}},
+    ],
+    "text": [
+        {"number": None, "raw": "caf\u00e9", "tokens": "[1, 2]", "meta": '{"k": 1.5}'},
+        {"number": None, "raw": "\\xff", "tokens": "[]", "meta": '{"k": null}'},
+        {"number": None, "raw": "", "tokens": None, "meta": None},
+        {"number": 0.25, "raw": None, "tokens": "[3]", "meta": '{"k": null}'},
+        {"number": None, "raw": "ok", "tokens": "[4]", "meta": '{"k": 2.0}'},
+    ],
+}
+
+
+def test_table_cells_follow_the_one_cell_policy(backend, tracker_dirs):
+    """Every backend that hands its tracker rows of plain values converts cells the one way of
+    ``rllog_backends/_cells.py`` (docs/sink-protocol.md, "Table cells"), read back from the tracker's storage."""
+    kind = hook(backend, "TABLE_CELLS")
+    if kind is None:
+        pytest.skip(f"{backend} stores tables its own way (readers/{backend}.py has no TABLE_CELLS)")
+    info = make_info(tracker_dirs)
+    sink = open_sink(backend, info)
+    sink.write_table(table(1, 0, "completions", POLICY_COLUMNS))
+    sink.close("finished")
+    assert read_back(backend, tracker_dirs, info).tables["completions"] == [(0, POLICY_ROWS[kind])]
+
+
 def test_a_retried_call_is_not_duplicated(backend, tracker_dirs, monkeypatch):
     break_next_write = hook(backend, "break_next_write")
     if break_next_write is None:
@@ -391,18 +429,9 @@ def test_config(backend, tracker_dirs):
 # -- a real full disk --------------------------------------------------------------------------------
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 16 MB tmpfs (root only), unmounted after the test."""
-    path = tmp_path / "disk"
-    path.mkdir()
-    if (
-        os.geteuid() != 0
-        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], capture_output=True).returncode
-    ):
-        pytest.skip("mounting a tmpfs needs root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+    """A 16 MB tmpfs (the trackers' own files need more room than conftest's 4 MiB one), unmounted after."""
+    with tmpfs(tmp_path / "disk", "size=16m") as disk:
+        yield disk
 
 
 def on_disk(monkeypatch, disk: Path) -> dict:

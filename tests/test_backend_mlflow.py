@@ -15,6 +15,7 @@ import math
 import os
 import random
 import time
+from functools import partial
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,6 +23,7 @@ import pytest
 from fault_proxy import FaultProxy
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
 from readers.mlflow import find_run, prepare, read_back
+from sinks import backend_run_info, wait_until
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
@@ -45,10 +47,7 @@ def client(tracker_dirs):
     return MlflowClient(tracking_uri=tracker_dirs["MLFLOW_TRACKING_URI"])
 
 
-def make_info(tmp: str, run_id: str = "rllog-run-0001", config=None, **kw) -> RunInfo:
-    return RunInfo(
-        project="grpo-math", name="grpo-tiny", run_dir=str(Path(tmp) / "run"), run_id=run_id, config=config or {"lr": 1e-5}, **kw
-    )
+make_info = partial(backend_run_info, name="grpo-tiny", run_id="rllog-run-0001", config={"lr": 1e-5})
 
 
 def rec(seq: int, step: int, values: dict, t: float | None = None) -> MetricsRecord:
@@ -528,6 +527,12 @@ def test_mlflows_system_metrics_monitor_stays_off(tracker_dirs, client, monkeypa
     sink = MlflowSink()
     sink.open(info)
     sink.write_metrics([rec(1, 0, {"system/memory_rss_mb": 584.0})])
-    time.sleep(1.0)  # ten of the monitor's sampling intervals
+    # A control run of this process, with the monitor as the environment sets it, gets samples while the sink's
+    # run is open: the monitor was on and sampling, and the sink's run got none of it.
+    import mlflow
+
+    with mlflow.start_run(experiment_id=find_run(client, info).info.experiment_id) as control:
+        sampled = lambda: any(key.startswith("system/") for key in client.get_run(control.info.run_id).data.metrics)  # noqa: E731
+        assert wait_until(sampled, timeout=30)
     sink.close("finished")
     assert set(find_run(client, info).data.metrics) == {"system/memory_rss_mb"}

@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 
 import pyarrow as pa
 import pytest
 from readers.swanlab import read_back, records, sessions
+from sinks import backend_run_info
 
 import rllog
 from rllog import registry
-from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import ConfigRecord, MetricsRecord, TableRecord
 from rllog_backends.swanlab import STEP_KEY, swanlab_key
 
 pytest.importorskip("swanlab")
 
 
-def info(tmp, run_id="sw-0001", config=None) -> RunInfo:
-    return RunInfo("grpo math", "grpo-run", str(tmp / "run"), run_id, config or {"lr": 1e-6})
+info = partial(backend_run_info, project="grpo math", run_id="sw-0001", config={"lr": 1e-6})
 
 
 def test_names_map_onto_swanlabs_rules():

@@ -8,14 +8,16 @@ import math
 import os
 import subprocess
 import sys
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from readers.tensorboard import logdir_for, read_back
+from sinks import backend_run_info
 
 from rllog import registry
-from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.records import MetricsRecord, TableRecord
 from rllog_backends.tensorboard import OUT_OF_ORDER, TensorBoardSink, format_cell, parse_markdown_table
 
 pytest.importorskip("tensorboard")
@@ -40,22 +42,16 @@ def f32(x: float) -> float:
     return float(np.float32(x))
 
 
-def run_info(tmp, name="grpo-run", run_id="r0001", config=None) -> RunInfo:
-    return RunInfo(
-        "grpo-math",
-        name,
-        str(tmp / "run"),
-        run_id,
-        config
-        if config is not None
-        else {
-            "learning_rate": 1e-6,
-            "per_device_train_batch_size": 4,
-            "use_vllm": False,
-            "hub_token": "<redacted>",
-            "seed": None,
-        },
-    )
+run_info = partial(
+    backend_run_info,
+    config={
+        "learning_rate": 1e-6,
+        "per_device_train_batch_size": 4,
+        "use_vllm": False,
+        "hub_token": "<redacted>",
+        "seed": None,
+    },
+)
 
 
 def value(step: int, key: str) -> float:

@@ -7,14 +7,16 @@ import datetime as dt
 import json
 import math
 import sqlite3
+from functools import partial
 
 import pyarrow as pa
 import pytest
 from readers.trackio import db_path, pin_trackio_dir, read_back
+from sinks import backend_run_info
 
 from rllog import registry
 from rllog.errors import TransientError
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import AlertRecord, MetricsRecord, TableRecord
 from rllog_backends.trackio import TrackioSink
 
 pytest.importorskip("trackio")
@@ -50,8 +52,7 @@ def trackio_dir(tracker_dirs, monkeypatch):
     monkeypatch.delenv("TRACKIO_STORAGE_MODE", raising=False)
 
 
-def run_info(tmp, name="grpo-run", run_id="r0001", config=CONFIG) -> RunInfo:
-    return RunInfo("grpo-math", name, str(tmp / "run"), run_id, config)
+run_info = partial(backend_run_info, config=CONFIG)
 
 
 def value(step: int, key: str) -> float:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import threading
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("wandb")
 
 from readers import wandb as reader
+from sinks import backend_run_info
 
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
@@ -58,10 +59,7 @@ GRPO_KEYS = [
 ]
 
 
-def info(tmp_path, run_id="abcd1234", **kw) -> RunInfo:
-    return RunInfo(
-        project=kw.pop("project", "grpo-test"), name=kw.pop("name", "tiny"), run_dir=str(tmp_path / "run"), run_id=run_id, **kw
-    )
+info = partial(backend_run_info, project="grpo-test", name="tiny", run_id="abcd1234")
 
 
 def metrics(seq, step, values):
@@ -235,8 +233,7 @@ def test_tables_with_odd_cells(tracker_dirs, tmp_path):
     )
     step, rows = back.tables["completions"][1]
     assert step == 20 and len(rows) == 1
-    assert math.isnan(rows[0].pop("reward"))
-    assert rows[0] == {"prompt": "1+1=", "completion": "2", "advantage": None, "tokens": [1, 2, 3], "raw": "café"}
+    assert rows[0] == {"prompt": "1+1=", "completion": "2", "reward": None, "advantage": None, "tokens": [1, 2, 3], "raw": "café"}
     assert back.tables["eval/samples"] == [(20, [])]
     assert back.metrics == {"reward": [(0, 0.5)]}  # tables are not metrics
 

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
@@ -207,23 +206,31 @@ def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_l
     assert follower.join(30) and sink.closed_with == "finished"
 
 
-def test_a_flush_request_left_by_a_killed_attempt_for_records_never_journaled_does_not_stall_the_resumed_run(tmp_path):
+def test_a_flush_request_left_by_a_killed_attempt_for_records_never_journaled_does_not_stall_the_resumed_run(
+    tmp_path, test_backends
+):
     """A trainer killed between writing a flush request and journaling the records it names leaves a request for a
     seq the journal never got; the resumed run numbers its records below it. The followers read the latest request,
     not the highest seq ever asked for: taking the highest, they ignored the resumed run's own requests until its
     records passed that seq, and its ``flush`` waited for the periodic one (here 60 s: reported pending)."""
+    from rllog_test_backends import read_jsonl
+
     run_dir = tmp_path / "r"
-    run = rllog.init(report_to="parquet", run_dir=run_dir, health=False)
+    # A sink whose every call lands in its file at once (the follower's writes are visible) and whose cursor moves
+    # only after a flush (so the run's flush needs the follower to take its request).
+    options = {"report_to": "jsonl", "backend_options": {"jsonl": {"mode": "scripted"}}, "health": False}
+    run = rllog.init(run_dir=run_dir, **options)
     run.log({"x": 1.0}, step=0)
     assert run.finish().ok
     request_flush(run_dir, 10_000, soon=False)  # the killed attempt's request; it journaled up to seq ~2
-    run = rllog.init(run_dir=run_dir, resume="must", flush_interval=60.0, health=False)
+    run = rllog.init(run_dir=run_dir, resume="must", flush_interval=60.0, **options)
     run.log({"x": 2.0}, step=1)
-    time.sleep(2.0)  # the agent starts; its follower delivers x=2.0 and looks at the request left behind
+    # The follower delivered x=2.0; right after a write it reads the request left behind (before x=3.0's replaces it).
+    assert wait_until(lambda: [r["values"]["x"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == [1.0, 2.0], timeout=60)
     run.log({"x": 3.0}, step=2)
     report = run.flush(timeout=10)
     assert report.ok, report
-    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [1.0, 2.0, 3.0]
+    assert [r["values"]["x"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == [1.0, 2.0, 3.0]
     assert run.finish().ok
 
 
@@ -312,9 +319,9 @@ run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1)
 for i in range(200):
     run.log({"i": float(i)}, step=i)
 run.log_table("completions", {"prompt": ["p"], "completion": ["c"]})
-time.sleep(0.5)
+time.sleep(0.5)  # the kill comes more than flush_interval after the last log (the guarantee's condition)
 print("logged", flush=True)
-time.sleep(600)
+time.sleep(600)  # alive until the test kills it
 """
 
 
@@ -367,9 +374,7 @@ def test_log_does_no_disk_write_and_no_sink_call_on_the_caller_thread(tmp_path, 
     for i in range(500):
         run.log({"i": float(i)})
         run.log_table("t", {"a": [i]})
-    deadline = time.monotonic() + 30
-    while run._writer.written_seq < run._seq and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: run._writer.written_seq == run._seq, timeout=30)
     monkeypatch.undo()  # finish() writes its flush request on the caller's thread, which is not log()'s
     assert run.finish().ok
     assert writers and caller not in writers and set(writers) == {"rllog-journal"}

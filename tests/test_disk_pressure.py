@@ -107,13 +107,6 @@ def test_a_disk_with_no_headroom_beyond_the_run_gets_every_record_to_parquet_and
     assert_every_record_in_every_tracker(got)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 4 MiB filesystem (tmpfs) that the test can fill and free."""
-    with tmpfs(tmp_path / "disk", "size=4m") as disk:
-        yield disk
-
-
 def test_the_journal_writes_into_its_reserve_after_another_file_filled_the_disk(small_disk):
     writer = JournalWriter(small_disk / "r", write_interval=0.01)
     fill(small_disk)  # whoever fills the disk (a derived store, a tracker, another program) after the writer started

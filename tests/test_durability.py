@@ -56,7 +56,7 @@ def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tm
 
     def killer():
         while len(killed) < kills:
-            time.sleep(rng.uniform(0.1, 0.6))
+            time.sleep(rng.uniform(0.1, 0.6))  # the fault: a SIGKILL at a random instant
             proc = run._agent.proc
             if proc is None or proc.poll() is not None:
                 continue
@@ -69,7 +69,7 @@ def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tm
     for i in range(n):
         run.log({"a": float(i), "b": -float(i)}, step=i)
         if i % 200 == 0:
-            time.sleep(0.05)
+            time.sleep(0.05)  # a trainer's pace: the kills land while records flow
     thread.join(120)
     report = run.finish(timeout=120)
     assert len(killed) == kills and run._agent.restarts >= kills
@@ -82,13 +82,6 @@ def test_agent_sigkilled_at_random_loses_nothing_and_parquet_has_no_duplicate(tm
     assert tb["a"] == {(i, float(i)) for i in range(n)}  # TensorBoard may hold a re-sent point twice; never misses one
     assert report.ok, str(report)
     assert report["parquet"].delivered == report.records == n and report["parquet"].pending == 0
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 4 MiB filesystem (tmpfs) that the test can fill and free."""
-    with tmpfs(tmp_path / "disk", "size=4m") as disk:
-        yield disk
 
 
 @pytest.mark.slow
@@ -106,14 +99,14 @@ def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small
             run.log({"reward": step * 0.5, "kl": 0.01}, step=step)  # never raises, full disk or not
             step += 1
             if step % 100 == 0:
-                time.sleep(0.02)
+                time.sleep(0.02)  # a trainer's pace: the writer and the agent meet the disk filling mid-run
 
     log(1000)
     assert wait_until(lambda: rllog.read_metrics(run_dir).num_rows >= 1000)
     filler = fill(small_disk)
     log(2000)
-    time.sleep(1.5)  # the writer and the agent meet the full disk and keep retrying
-    assert run._writer.error is not None and run._writer.backlog > 0
+    # the writer meets the full disk and keeps its records to retry (freeing the disk before would test nothing)
+    assert wait_until(lambda: run._writer.error is not None and run._writer.backlog > 0, timeout=30)
     filler.unlink()
     log(1000)
     report = run.finish(timeout=120)
@@ -330,6 +323,16 @@ def test_of_two_inits_on_one_directory_exactly_one_wins(tmp_path):
         rllog.init(report_to="none", run_dir=tmp_path / "r0")
 
 
+def _inside(thread: threading.Thread, function: str) -> bool:
+    """Whether ``thread`` is running ``function`` now (somewhere on its stack)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_concurrent_finish_calls_all_return_the_true_report(tmp_path):
     blocked = BlockingSink("blocked")
     run = rllog.init(report_to=[blocked], run_dir=tmp_path / "r", flush_interval=0.05)
@@ -339,7 +342,8 @@ def test_concurrent_finish_calls_all_return_the_true_report(tmp_path):
     threads = [threading.Thread(target=lambda: reports.append(run.finish(timeout=30))) for _ in range(3)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
+    # every caller is inside finish() while the sink holds its records (a finish that returned early leaves it)
+    assert wait_until(lambda: blocked.entered.is_set() and all(_inside(t, "finish") for t in threads), timeout=30)
     assert reports == []  # nobody returns before the sink got its records
     blocked.release.set()
     for t in threads:
@@ -531,7 +535,7 @@ def test_agent_collects_no_garbage_while_its_trackers_open_then_freezes_them(tmp
         agent.placement.STARTUP_GC_PAUSE_MAX_SECONDS = 0.01  # a sink that never opens (retrying): the collector is back anyway
         late = agent.StartupHeap.pause()
         late.freeze_once(opened=False)
-        time.sleep(0.05)
+        time.sleep(0.05)  # past STARTUP_GC_PAUSE_MAX_SECONDS: the elapsed time is what is tested
         late.freeze_once(opened=False)
         print(gc.isenabled(), late.frozen)
         """
@@ -673,7 +677,7 @@ def test_a_segment_rollover_refused_on_a_full_disk_keeps_the_old_segments_record
         os.truncate(filler, max(0, filler.stat().st_size - 4096))
         log(100, "q" * 200)  # ~25 KB: past the segment's size, and more than the one free page
         writer.wake()
-        time.sleep(1.0)  # the writer tries: the rollover is refused, the retry lands part of the frames
+        assert wait_until(lambda: writer.error is not None, timeout=30)  # the writer tried: the rollover was refused
         for path in [*inodes, filler]:
             path.unlink()
         assert writer.close("finished", timeout=10)

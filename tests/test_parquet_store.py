@@ -73,7 +73,7 @@ def test_sigkill_at_random_points_inside_merges_loses_and_duplicates_nothing(tmp
     for trial in range(25):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory)], stdout=subprocess.PIPE, text=True)
         proc.stdout.readline()  # started
-        time.sleep(rng.uniform(0.05, 0.4))
+        time.sleep(rng.uniform(0.05, 0.4))  # the fault: a SIGKILL at a random instant of the writer's work
         os.kill(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         lines = out.split()

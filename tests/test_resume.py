@@ -27,7 +27,7 @@ for step in range(100):
 run.log_table("samples", {"text": ["first"]}, step=99)
 run.flush(timeout=60)
 print(run.run_id, flush=True)
-time.sleep(600)
+time.sleep(600)  # alive until the test kills it
 """
 
 
@@ -184,3 +184,43 @@ def test_a_run_reopened_to_continue_hides_nothing_of_the_earlier_attempt(tmp_pat
     assert summarise(run_dir).series["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)]
     tb = read_back("tensorboard", tracker_dirs, info).metrics
     assert tb["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)] and tb["eval/loss"] == [(2, 0.5)]
+
+
+def test_summary_parquet_and_tensorboard_keep_the_same_records_of_a_resumed_run(tmp_path, tracker_dirs):
+    """One rule (``rllog.records.Supersession``) for what a later attempt supersedes, in ``rllog show``, the Parquet
+    reader and TensorBoard's storage, record for record. The agent's ``system/...`` samples are journaled at the
+    trainer's current step, which at the start of a resumed attempt is still the previous attempt's last step:
+    attempt 2 (from the step-5 checkpoint) supersedes its own stale sample at step 9, and attempt 3 (resumed from
+    the latest checkpoint, first step 15) supersedes nothing, although its stale sample sits at step 14."""
+    from readers.tensorboard import stored
+
+    from rllog.summary import summarise
+
+    run_dir = tmp_path / "r"
+    attempts = [(None, range(10)), (9, range(5, 15)), (14, range(15, 18))]  # (stale system step, trainer steps)
+    for n, (system_step, steps) in enumerate(attempts, start=1):
+        run = rllog.init(
+            report_to="parquet,tensorboard",
+            run_dir=run_dir,
+            resume="allow",
+            delivery="thread",
+            health=False,
+            system_metrics=False,
+        )
+        if system_step is not None:
+            assert run.step == system_step
+            run._log_system({"values": {"system/cpu_percent": float(n)}, "time": 0.0})  # the supervision thread's call
+        for step in steps:
+            run.log({"loss": step + n / 4}, step=step)
+        assert run.finish(timeout=60).ok
+    expected = {
+        "loss": [(s, s + 0.25) for s in range(5)] + [(s, s + 0.5) for s in range(5, 15)] + [(s, s + 0.75) for s in range(15, 18)],
+        "system/cpu_percent": [(14, 3.0)],
+    }
+    parquet: dict[str, list] = {}
+    for row in rllog.read_metrics(run_dir).to_pylist():
+        parquet.setdefault(row["key"], []).append((row["step"], row["value"]))
+    tb = read_back("tensorboard", tracker_dirs, load_run_info(run_dir)[0]).metrics
+    assert summarise(run_dir).series == expected
+    assert parquet == expected
+    assert tb == {key: [(step, stored(value)) for step, value in points] for key, points in expected.items()}

@@ -17,7 +17,7 @@ for i in range(0, len(ballast), 4096):
 run = rllog.init(report_to="parquet", run_dir=sys.argv[1], system_metrics=0.2, health=False)
 for step in range(20):
     run.log({"loss": 1.0 / (step + 1)}, step=step)
-    time.sleep(0.1)
+    time.sleep(0.1)  # a trainer's pace: 2 s of training, several 0.2 s sampling intervals
 print(run.finish().ok, flush=True)
 """
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from sinks import wait_until
 
 torch = pytest.importorskip("torch")
 
@@ -49,9 +48,7 @@ def test_two_flushes_two_copies(tmp_path, host_copies):
     run = rllog.init(report_to="none", run_dir=tmp_path / "r", flush_interval=0.05)
     for step in range(5):
         run.log({"loss": torch.tensor(0.5 + step), "acc": torch.tensor(step, dtype=torch.int64)}, step=step)
-    deadline = time.monotonic() + 30
-    while journal.last_seq(tmp_path / "r") < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_until(lambda: journal.last_seq(tmp_path / "r") >= 5, timeout=30)
     assert host_copies == ["tolist"]
     run.log({"loss": torch.tensor(9.0)}, step=5)
     run.finish()

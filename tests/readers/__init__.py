@@ -12,6 +12,8 @@ and, where the tracker differs from "stores what it was given" (the defaults), a
 - ``prepare(monkeypatch, env)``: per-test set-up of the tracker's storage under ``env``.
 - ``stored(value)``: a metric value (NaN and ±inf included) as the tracker gives it back.
 - ``cell(value)``: a table cell as the tracker gives it back.
+- ``TABLE_CELLS``: ``"nested"`` or ``"text"`` where the sink converts table cells with ``rllog_backends._cells.cell``
+  (lists and dicts kept nested, or as JSON text); unset where the tracker stores tables its own way.
 - ``config_value(value)``: a config value as the tracker gives it back.
 - ``config_update_value(original, new)``: what the tracker gives back for a key given ``original`` at
   open (None: a new key) and ``new`` after it (``write_config``).
@@ -65,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "prepare": lambda monkeypatch, env: None,
     "stored": _same,
     "cell": _same,
+    "TABLE_CELLS": None,
     "config_value": _same,
     "config_update_value": None,
     "SUPERSEDES": False,

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from readers import ReadBack
-from rllog_backends.clearml import CELLS, MAX_DOUBLE, RUN_ID_TAG, SECTION, STATUS_TAG, key_of
+from rllog_backends.clearml import MAX_DOUBLE, RUN_ID_TAG, SECTION, STATUS_TAG, key_of
 
 
 def _events(path: Path) -> list[dict]:
@@ -90,9 +90,12 @@ def stored(value: float) -> float:
     return math.copysign(MAX_DOUBLE, value) if math.isinf(value) else value
 
 
+TABLE_CELLS = "text"  # lists and dicts in table cells: JSON text (its table takes scalars)
+
+
 def cell(value):
-    """Table cells: NaN / ±inf as ClearML's own strings ``"NaN"`` / ``"Inf"`` / ``"-Inf"``."""
-    return CELLS[repr(value)] if isinstance(value, float) and not math.isfinite(value) else value
+    """Table cells follow rllog_backends/_cells.py: NaN and ±inf are ``null``."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def config_value(value) -> str:

@@ -60,8 +60,11 @@ def read_back(env: dict, run_info, directory: str | Path | None = None) -> ReadB
 
 
 # -- the contract suite's hooks (see readers/__init__.py) -------------------------------------------
+TABLE_CELLS = "nested"  # lists and dicts in table cells: kept nested
+
+
 def cell(value):
-    """Tables are strict JSON written by the sink: NaN / ±inf cells are ``null``."""
+    """Table cells follow rllog_backends/_cells.py: NaN and ±inf are ``null``."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 

@@ -102,8 +102,11 @@ def stored(value: float) -> float:
     return math.copysign(MAX_DOUBLE, value) if math.isinf(value) else value
 
 
+TABLE_CELLS = "nested"  # lists and dicts in table cells: kept nested
+
+
 def cell(value):
-    """Table cells are JSON the way pandas writes it: NaN and ±inf become null."""
+    """Table cells follow rllog_backends/_cells.py: NaN and ±inf are ``null``."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 

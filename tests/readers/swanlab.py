@@ -108,8 +108,11 @@ def prepare(monkeypatch, env) -> None:
     monkeypatch.setenv("SWANLAB_LOG_DIR", env["SWANLAB_LOG_DIR"])
 
 
+TABLE_CELLS = "text"  # lists and dicts in table cells: JSON text (its table takes scalars)
+
+
 def cell(value):
-    """SwanLab's echarts table writes NaN and ±inf cells as ``null``."""
+    """Table cells follow rllog_backends/_cells.py: NaN and ±inf are ``null``."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 

@@ -20,6 +20,7 @@ Tables: history items ``<name>.{_type: "table-file", path: ...}`` pointing to
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from collections.abc import Iterator
@@ -193,3 +194,11 @@ def break_next_write(monkeypatch, sink) -> None:
         return real_log(row, *args, **kwargs)
 
     monkeypatch.setattr(sink.run, "log", log)
+
+
+TABLE_CELLS = "nested"  # lists and dicts in table cells: kept nested
+
+
+def cell(value):
+    """Table cells follow rllog_backends/_cells.py: NaN and ±inf are ``null``."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
