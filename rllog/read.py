@@ -73,6 +73,20 @@ def _journal_tail(run_dir: Path) -> tuple[int, bool]:
     return 0, False
 
 
+def journal_end(run_dir: str | os.PathLike) -> str | None:
+    """The status of the end marker the journal ends with (``finished``, ``failed``, ``killed``), None when it
+    does not end with one (a live run, or a trainer killed before ``finish``)."""
+    from rllog.journal import End, read_all
+
+    last, ended = _journal_tail(Path(run_dir))
+    if not ended:
+        return None
+    status = None
+    for item in read_all(run_dir, after_seq=last):  # records up to ``last`` are skipped without decoding
+        status = item.status if isinstance(item, End) else None
+    return status
+
+
 def parquet_store(run_dir: str | os.PathLike) -> Path | None:
     """The run's Parquet store directory when it is the run's data, else None (read the journal).
 
