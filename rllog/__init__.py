@@ -173,28 +173,29 @@ def _require_run() -> Run | NullRun:
 
 
 def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest"):
-    """The metrics the parquet backend wrote for ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq).
+    """Every metric value logged in ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq), in seq order,
+    whichever trackers the run was delivered to (:mod:`rllog.read`).
 
     ``attempts="latest"`` (default) shows a resumed run as its latest attempt left it; ``"all"`` keeps every row.
     """
-    from rllog_backends import parquet
+    from rllog import read
 
-    return parquet.read_metrics(run_dir, attempts)
+    return read.read_metrics(run_dir, attempts)
 
 
 def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest"):
-    """The health alerts the parquet backend wrote: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
-    from rllog_backends import parquet
+    """The health alerts of ``run_dir``: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
+    from rllog import read
 
-    return parquet.read_alerts(run_dir, attempts)
+    return read.read_alerts(run_dir, attempts)
 
 
 def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest"):
     """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...).
 
     Raises:
-        KeyError: no table of that name.
+        KeyError: no table of that name (the message lists the run's tables).
     """
-    from rllog_backends import parquet
+    from rllog import read
 
-    return parquet.read_table(run_dir, name, attempts)
+    return read.read_table(run_dir, name, attempts)

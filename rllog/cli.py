@@ -1,4 +1,7 @@
-"""The ``rllog`` command: ``backends``, ``show``, ``plot``, ``replay``, ``demo``."""
+"""The ``rllog`` command: ``runs``, ``show``, ``plot``, ``replay``, ``backends``, ``demo``.
+
+Every error is one ``error:`` line on stderr saying what to do, and exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,14 @@ import math
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rllog.errors import NothingToPlot
+from rllog.errors import RllogError
 
 if TYPE_CHECKING:
     from rllog.records import AlertRecord
@@ -21,6 +25,71 @@ if TYPE_CHECKING:
 
 # Piped output (CI logs, `| less`) gets 120 columns rather than Rich's 80, so metric names fit on one line.
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120)
+# Notes (which run was picked) and errors go to stderr, so that piped output holds only what was asked for.
+notes = Console(stderr=True, soft_wrap=True)  # one line per note or error, however long: greppable
+EXIT_USAGE = 2  # an error the user can fix: the message says how
+
+
+class CliError(Exception):
+    """An error printed as one ``error:`` line."""
+
+
+def _started(run_dir: Path) -> float:
+    from rllog.rundir import RunFile
+
+    try:
+        return RunFile.read(run_dir).started or 0.0
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0.0
+
+
+def runs_under(folder: Path) -> list[Path]:
+    """The run directories directly under ``folder``, oldest first (by the time each run started)."""
+    from rllog.rundir import RUN_FILE
+
+    found = [p for p in folder.iterdir() if (p / RUN_FILE).is_file()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: (_started(p), p.name))
+
+
+def resolve_run(given: str | None) -> Path:
+    """The run ``given`` names: a run directory; a folder of runs (its latest, said on stderr); nothing (the latest
+    under ``$RLLOG_DIR`` or ``rllog_runs``)."""
+    from rllog.rundir import RUN_FILE
+    from rllog.settings import RUNS_DIR
+
+    folder = Path(given) if given is not None else RUNS_DIR.get()
+    if given is not None and (folder / RUN_FILE).is_file():
+        return folder
+    if not folder.exists():
+        raise CliError(f"{folder} does not exist; `rllog runs DIR` lists the runs under a folder")
+    runs = runs_under(folder)
+    if not runs:
+        where = "" if given is not None else " (set RLLOG_DIR, or pass a run directory)"
+        raise CliError(f"{folder} holds no rllog run{where}")
+    if len(runs) > 1 or given is None:
+        notes.print(
+            f"{escape(str(folder))} holds {len(runs)} run{'s' if len(runs) > 1 else ''}; using the latest, "
+            f"[bold]{escape(runs[-1].name)}[/bold] (`rllog runs {escape(str(folder))}` lists them)"
+        )
+    return runs[-1]
+
+
+def run_status(run_dir: Path) -> str:
+    """``finished``/``failed``/``killed`` (the end marker's), ``running`` (its trainer is alive), or ``stopped`` (no
+    end marker and no live trainer: killed, or never finished)."""
+    import psutil
+
+    from rllog.read import journal_end
+    from rllog.rundir import RunFile
+
+    end = journal_end(run_dir)
+    if end is not None:
+        return end
+    try:
+        pid = RunFile.read(run_dir).pid
+    except (OSError, ValueError, TypeError, KeyError):
+        pid = None
+    return "running" if pid is not None and psutil.pid_exists(pid) else "stopped"
 
 
 def _fmt(value: float) -> str:
@@ -49,10 +118,37 @@ def cmd_backends(args) -> int:
     return 0
 
 
+def cmd_runs(args) -> int:
+    import datetime
+
+    from rllog.journal import last_step
+    from rllog.rundir import RunFile
+    from rllog.settings import RUNS_DIR
+
+    folder = Path(args.dir) if args.dir else RUNS_DIR.get()
+    runs = runs_under(folder)
+    if not runs:
+        raise CliError(f"{folder} holds no rllog run" + ("" if folder.exists() else " (it does not exist)"))
+    table = Table(title=f"runs under {escape(str(folder))}")
+    for col in ("run", "name", "status", "last step", "trackers", "started"):
+        table.add_column(col, overflow="fold")
+    for run_dir in runs:
+        info = RunFile.read(run_dir)
+        started = datetime.datetime.fromtimestamp(info.started).strftime("%Y-%m-%d %H:%M") if info.started else ""
+        step = last_step(run_dir)
+        trackers = ", ".join(s.name for s in info.sinks) or "none"
+        table.add_row(
+            escape(run_dir.name), escape(info.name), run_status(run_dir), str(step) if step >= 0 else "-", trackers, started
+        )
+    console.print(table)
+    return 0
+
+
 def cmd_show(args) -> int:
     from rllog.summary import summarise
 
-    show_run(args.run_dir, summarise(args.run_dir))
+    run_dir = resolve_run(args.run_dir)
+    show_run(run_dir, summarise(run_dir))
     return 0
 
 
@@ -62,14 +158,15 @@ def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
 
     info, _ = load_run_info(run_dir)
     steps = f"{min(s.steps)}..{max(s.steps)} ({len(s.steps)} distinct)" if s.steps else "none"
-    status = s.status or "running or killed"
+    status = s.status or run_status(Path(run_dir))
     console.print(f"[bold]{escape(info.project)} / {escape(info.name)}[/bold]  run_id={info.run_id}  status={status}")
     console.print(f"{escape(str(run_dir))}\nrecords: {s.records}   steps: {steps}")
     _print_metrics(s)
     _print_alerts(s.alerts)
     for name, (n, rows) in sorted(s.tables.items()):
         console.print(f"table [bold]{escape(name)}[/bold]: logged {n} times, {rows} rows")
-    delivery = report(run_dir)
+    live = "the run is live: its delivery agent is delivering (`rllog show` again to follow)"
+    delivery = report(run_dir, cause=live if status == "running" else None)
     for r in delivery.values():
         colour = {DELIVERED: "green", PENDING: "yellow", FAILED: "red"}[r.state]
         error = ": " + escape(r.error) if r.error else ""
@@ -89,7 +186,7 @@ def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
 
 def _print_metrics(s: RunSummary) -> None:
     """The metrics table (unhealthy last values in red), then an explanation of each unhealthy metric."""
-    from rllog.catalog import explain, health
+    from rllog.catalog import crucial_keys, explain, health
 
     table = Table(title="metrics")
     table.add_column("metric", overflow="fold")
@@ -97,7 +194,8 @@ def _print_metrics(s: RunSummary) -> None:
         table.add_column(col, justify="right")
     table.add_column("health")
     unhealthy: list[str] = []
-    for key in sorted(s.metrics):
+    crucial = crucial_keys(s.metrics)
+    for key in crucial + sorted(set(s.metrics) - set(crucial)):  # the metrics to watch first, then the rest by name
         m = s.metrics[key]
         extra = f" ({m.non_finite} NaN/inf)" if m.non_finite else ""
         state = health(key, m.last)
@@ -127,9 +225,16 @@ def _print_alerts(alerts: list[AlertRecord]) -> None:
 
 
 def cmd_plot(args) -> int:
-    from rllog.plot import plot_run
+    try:
+        import matplotlib  # noqa: F401  (only to say what to install)
+    except ModuleNotFoundError:
+        raise CliError('`rllog plot` needs matplotlib: pip install "rllog[plot]"') from None
+    from rllog.plot import plot_runs
 
-    out = plot_run(args.run_dir, args.output, args.metrics.split(",") if args.metrics else None)
+    if not 0 <= args.smooth < 1:
+        raise CliError(f"--smooth {args.smooth}: give a weight in [0, 1) (0: none, 0.9: heavy)")
+    runs = [resolve_run(r) for r in args.runs] if args.runs else [resolve_run(None)]
+    out = plot_runs(runs, args.output, args.metrics.split(",") if args.metrics else None, smooth=args.smooth)
     console.print(f"wrote {out}")
     return 0
 
@@ -165,8 +270,10 @@ def cmd_replay(args) -> int:
     from rllog.agent import serve
     from rllog.errors import SinkBusy
     from rllog.registry import resolve
-    from rllog.rundir import report
+    from rllog.rundir import RUN_FILE, report
 
+    if not (Path(args.run_dir) / RUN_FILE).is_file():
+        raise CliError(f"{args.run_dir} holds no rllog run; `rllog runs DIR` lists the runs under a folder")
     names = [resolve(n).name for n in args.to.split(",") if n.strip()]
     before = report(args.run_dir, names)
     total = before.records
@@ -183,10 +290,11 @@ def cmd_replay(args) -> int:
         if "parquet" in names:
             _repair_parquet(args.run_dir)
     except SinkBusy as exc:
-        console.print(
-            f"[red]rllog replay: another process is already delivering this run ({exc}); "
-            f"wait for it to end (a live run's agent, or another replay) and try again[/red]"
-        )
+        if run_status(Path(args.run_dir)) == "running":
+            why = "the run is live: its delivery agent delivers it; replay once the run has ended"
+        else:
+            why = f"another process is already delivering this run ({exc}); wait for it to end and try again"
+        notes.print(f"[red]error:[/red] {escape(why)}")
         return EXIT_BUSY
     after = report(args.run_dir, names)
     for n in names:
@@ -213,22 +321,29 @@ def cmd_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rllog import __version__
+
     parser = argparse.ArgumentParser(prog="rllog", description="rllog: one logging call site, every tracker, nothing lost.")
+    parser.add_argument("--version", action="version", version=f"rllog {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("backends", help="list built-in and entry-point backends, installed or not").set_defaults(func=cmd_backends)
+    p = sub.add_parser("runs", help="list the runs under a folder (default $RLLOG_DIR or rllog_runs)")
+    p.add_argument("dir", nargs="?", default=None)
+    p.set_defaults(func=cmd_runs)
     p = sub.add_parser("show", help="summarise a run: steps, per metric last/min/max, tables, delivery state")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?", default=None, help="a run directory, or a folder of runs (default: the latest run)")
     p.set_defaults(func=cmd_show)
-    p = sub.add_parser("plot", help="plot a run's metrics to a PNG")
-    p.add_argument("run_dir")
+    p = sub.add_parser("plot", help="plot the metrics of one run, or of several overlaid, to a PNG")
+    p.add_argument("runs", nargs="*", help="run directories or folders of runs (default: the latest run)")
     p.add_argument("-o", "--output", default=None, help="PNG path (default RUN_DIR/metrics.png)")
     p.add_argument("--metrics", default=None, help="comma-separated metric names (default: the crucial ones present)")
+    p.add_argument("--smooth", type=float, default=0.0, help="exponential smoothing weight in [0, 1), as TensorBoard's")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("replay", help="deliver a run's journal to backends from each one's cursor")
     p.add_argument("run_dir")
     p.add_argument("--to", required=True, help="backend names, comma-separated")
     p.set_defaults(func=cmd_replay)
-    p = sub.add_parser("demo", help="a tiny GRPO-shaped run written to the embedded default, then show and plot")
+    sub.add_parser("backends", help="list built-in and entry-point backends, installed or not").set_defaults(func=cmd_backends)
+    p = sub.add_parser("demo", help="a tiny GRPO run (TRL, CPU) written to the embedded default, then show and plot")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--run-dir", default=None)
     p.add_argument("--report-to", default=None)
@@ -237,9 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (FileNotFoundError, NothingToPlot) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+    except (CliError, RllogError, FileNotFoundError, NotADirectoryError) as exc:
+        notes.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,21 +45,69 @@ def _rule_thresholds(key: str) -> list[tuple[str, float]]:
     return [(r.name, float(r.params["threshold"])) for r in default_rules() if "threshold" in r.params and r.watches(key)]
 
 
+RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+EXTRA_PANELS = ("learning_rate",)  # not crucial to a run's health, but what a reader checks first when a curve bends
+DEFAULT_PANELS_MAX = 9  # a run whose metrics the catalog does not know: its first metrics by name, a 3 x 3 grid
+MARKER_POINTS_MAX = 60  # a series with fewer points gets a marker per point
+
+
+def smoothed(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average with ``weight`` in [0, 1), debiased so that the first
+    points are not pulled towards zero; NaN and inf are passed through and left out of the average."""
+    out, average, total = [], 0.0, 0.0
+    for value in values:
+        if not math.isfinite(value):
+            out.append(value)
+            continue
+        average = weight * average + (1 - weight) * value
+        total = weight * total + (1 - weight)
+        out.append(average / total)
+    return out
+
+
 def plot_run(
     run_dir: str | os.PathLike,
     output: str | os.PathLike | None = None,
     metrics: list[str] | None = None,
     alerts: Iterable[Any] | None = None,
+    smooth: float = 0.0,
 ) -> Path:
     """Write a PNG with one panel per metric; returns its path.
 
     Args:
         run_dir: the run directory.
         output: PNG path (default ``RUN_DIR/metrics.png``).
-        metrics: the metrics to plot (default: the crucial ones present, and those with alerts).
+        metrics: the metrics to plot (default: the crucial ones present, the learning rate, and those with alerts).
         alerts: alerts to mark (``AlertRecord`` s or dicts with step, rule, metric, value, level);
             default: :func:`load_alerts`.
+        smooth: exponential smoothing weight in [0, 1) (:func:`smoothed`); the raw series stays, faint.
     """
+    return plot_runs([run_dir], output, metrics, alerts, smooth)
+
+
+def _run_label(run_dir: str | os.PathLike) -> str:
+    """The run's name and start time, from run.json: what a plot's title and legend call it."""
+    import datetime
+
+    from rllog.rundir import RunFile
+
+    try:
+        run = RunFile.read(run_dir)
+    except (OSError, ValueError, TypeError, KeyError):
+        return Path(run_dir).name
+    started = datetime.datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M") if run.started else ""
+    return f"{run.project} / {run.name}" + (f" ({started})" if started else "")
+
+
+def plot_runs(
+    run_dirs: Sequence[str | os.PathLike],
+    output: str | os.PathLike | None = None,
+    metrics: list[str] | None = None,
+    alerts: Iterable[Any] | None = None,
+    smooth: float = 0.0,
+) -> Path:
+    """:func:`plot_run` for one run or several overlaid (one colour per run, named in the legend); the default
+    panels are those of the first run, and the PNG is written to the first run's directory by default."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -67,22 +115,38 @@ def plot_run(
 
     from rllog.catalog import crucial_keys, format_range, lookup
 
-    s = summarise(run_dir)
-    marks = [_alert_dict(a) for a in alerts] if alerts is not None else load_alerts(run_dir, s)
+    summaries = [summarise(r) for r in run_dirs]
+    s = summaries[0]
+    labels = [_run_label(r) for r in run_dirs]
+    several = len(run_dirs) > 1
+    # alerts are marked for a single run only: on an overlay they would not say which run raised them
+    marks = [] if several else [_alert_dict(a) for a in alerts] if alerts is not None else load_alerts(run_dirs[0], s)
+    present = set().union(*(x.series for x in summaries))
     if metrics:
-        names = [n for n in metrics if n in s.series]
+        names = [n for n in metrics if n in present]
     else:
-        names = crucial_keys(s.series) or sorted(s.series)[:9]
+        names = crucial_keys(s.series) or sorted(s.series)[:DEFAULT_PANELS_MAX]
+        names += [n for n in EXTRA_PANELS if n in s.series and n not in names]
         names += sorted({a["metric"] for a in marks if a.get("metric") in s.series} - set(names))
     if not names:
-        raise NothingToPlot(f"no metrics to plot in {run_dir}")
+        raise NothingToPlot(f"no metrics to plot in {', '.join(map(str, run_dirs))}")
     cols = min(3, len(names))
     rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.4 * cols, 3.0 * rows + 0.5), squeeze=False)
     for ax, name in zip(axes.flat, names, strict=False):  # more axes than names: the grid is filled row by row
-        points = sorted(s.series[name])
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        ax.plot(xs, ys, marker="." if len(points) < 60 else None, linewidth=1.2, color="#1f77b4", zorder=3)
+        finite: list[float] = []
+        for i, summary in enumerate(summaries):
+            points = sorted(summary.series.get(name, []))
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            colour = RUN_COLOURS[i % len(RUN_COLOURS)]
+            label = labels[i] if several else None
+            marker = "." if len(points) < MARKER_POINTS_MAX else None
+            if smooth:
+                ax.plot(xs, ys, linewidth=0.8, color=colour, alpha=0.25, zorder=3)
+                ax.plot(xs, smoothed(ys, smooth), linewidth=1.4, color=colour, zorder=3, label=label)
+            else:
+                ax.plot(xs, ys, marker=marker, linewidth=1.2, color=colour, zorder=3, label=label)
+            finite += [y for y in ys if math.isfinite(y)]
         y0, y1 = ax.get_ylim()
         info = lookup(name)
         extra: list[float] = []
@@ -104,7 +168,7 @@ def plot_run(
             if mark is not None and math.isfinite(mark):
                 ax.plot([a["step"]], [mark], marker="x", markersize=8, color=colour, zorder=4)
                 extra.append(mark)
-        finite = [y for y in ys if math.isfinite(y)] + extra
+        finite += extra
         if finite:
             lo, hi = min(finite), max(finite)
             pad = 0.05 * ((hi - lo) or abs(hi) or 1.0)
@@ -112,20 +176,19 @@ def plot_run(
         title = name + (f"  ({len(on_panel)} alert{'s' if len(on_panel) != 1 else ''})" if on_panel else "")
         ax.set_title(title, fontsize=10, color=LEVEL_COLOUR["error"] if on_panel else "black")
         ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel(name.rsplit("/", 1)[-1], fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-        if info is not None and (info.healthy is not None or _rule_thresholds(name)):
+        if several or (info is not None and (info.healthy is not None or _rule_thresholds(name))):
             ax.legend(fontsize=6, loc="best")
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
+    heading = " vs ".join(labels) + (f"  (smoothing {smooth:g})" if smooth else "")
     if marks:
-        fig.suptitle(
-            f"{len(marks)} health alert{'s' if len(marks) != 1 else ''} (vertical lines; see `rllog show`)",
-            fontsize=9,
-            color=LEVEL_COLOUR["error"],
-        )
+        heading += f"\n{len(marks)} health alert{'s' if len(marks) != 1 else ''} (vertical lines; see `rllog show`)"
+    fig.suptitle(heading, fontsize=9, color=LEVEL_COLOUR["error"] if marks else "black")
     fig.tight_layout()
-    out = Path(output) if output else Path(run_dir) / "metrics.png"
+    out = Path(output) if output else Path(run_dirs[0]) / "metrics.png"
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

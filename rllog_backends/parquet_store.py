@@ -20,6 +20,9 @@ and open, and compacting them all at close would read the whole run into memory.
   removed after. A reader (and the next :meth:`PartStore.open`) ignores a file whose seq range another file
   covers, so a kill between the rename and the removal neither loses nor duplicates a row; a torn batch at
   the end of a tail is skipped.
+
+Reading: :func:`read_store` is the store's read API (what ``rllog.read_metrics`` and friends use): it imports
+pyarrow only, never a tracker, and is safe while a writer appends, merges or closes.
 """
 
 from __future__ import annotations
@@ -509,3 +512,9 @@ def _batches(path: Path):
     parquet = pq.ParquetFile(path)
     for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
         yield pa.Table.from_batches([batch])
+
+
+def read_store(directory: Path) -> pa.Table | None:
+    """Every row of one store directory (``metrics``, ``alerts``, ``tables/<name>``), in seq order, schemas unified;
+    None when the directory holds no data."""
+    return PartStore.read(directory)

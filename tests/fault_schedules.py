@@ -493,11 +493,11 @@ class Held:
 
 
 def read_sinks(run_dir: Path, jsonl_file: Path, table_names: int) -> dict[str, Held]:
-    import rllog
+    from rllog_backends import parquet  # what the sink stored: rllog.read_* reads the journal when parquet fell short
 
     held = {name: Held() for name in SINKS}
     try:
-        metrics = rllog.read_metrics(run_dir, attempts="all")
+        metrics = parquet.read_metrics(run_dir, attempts="all")
         for key, value in zip(metrics.column("key").to_pylist(), metrics.column("value").to_pylist(), strict=True):
             if key == "id":
                 held["parquet"].counts[int(value)] += 1
@@ -505,7 +505,7 @@ def read_sinks(run_dir: Path, jsonl_file: Path, table_names: int) -> dict[str, H
         pass
     for j in range(table_names):
         try:
-            table = rllog.read_table(run_dir, f"t{j}", attempts="all")
+            table = parquet.read_table(run_dir, f"t{j}", attempts="all")
         except (FileNotFoundError, KeyError):
             continue
         rows = collections.Counter(table.column("id").to_pylist())

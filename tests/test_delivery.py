@@ -17,6 +17,7 @@ from rllog.cli import main as cli_main
 from rllog.delivery import LIVE_POLL_MAX, CursorStore, FlushWatcher, Follower, RetryPolicy, request_flush
 from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.sink_errors import parse_retry_after
+from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
 
@@ -122,15 +123,15 @@ def test_agent_process_delivers_and_finish_reports(tmp_path):
     report = run.finish(timeout=60)
     assert report.ok and report["parquet"].delivered == 200
     assert run._agent.returncode == 0
-    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
 
 
 def test_parquet_data_is_visible_during_the_run(tmp_path):
     run = rllog.init(run_dir=tmp_path / "r", flush_interval=0.1)
     run.log({"reward": 0.5}, step=1)
-    assert wait_until(lambda: rllog.read_metrics(tmp_path / "r").num_rows == 1, timeout=30)
+    assert wait_until(lambda: parquet_backend.read_metrics(tmp_path / "r").num_rows == 1, timeout=30)
     run.log({"reward": 0.6}, step=2)
-    assert wait_until(lambda: rllog.read_metrics(tmp_path / "r").num_rows == 2, timeout=30)
+    assert wait_until(lambda: parquet_backend.read_metrics(tmp_path / "r").num_rows == 2, timeout=30)
     run.finish()
 
 
@@ -144,16 +145,16 @@ def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_ca
     run._writer.wake()
     assert wait_until(lambda: cursor.load().state == "running", timeout=30)  # the agent's follower started
     threading.Event().wait(1.0)  # the agent has read the five records by now (it polls every 0.5 s)
-    assert cursor.load().seq == 0 and rllog.read_metrics(tmp_path / "r").num_rows == 0  # written, not yet flushed
+    assert cursor.load().seq == 0 and parquet_backend.read_metrics(tmp_path / "r").num_rows == 0  # written, not yet flushed
     report = run.flush(timeout=30)  # would wait an hour for the next timed flush without the request
     assert report.ok and cursor.load().seq == 5
-    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [0.0, 0.25, 0.5, 0.75, 1.0]
     run.log({"reward": 2.0}, step=5)
     assert run.flush(timeout=30).ok and cursor.load().seq == 6
     run.log({"reward": 3.0}, step=6)
     run.request_flush()  # asked without waiting: flushed as soon as the follower holds the record
     assert wait_until(lambda: cursor.load().seq == 7, timeout=30)
-    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist()[-1] == 3.0
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist()[-1] == 3.0
     assert run.finish().ok
 
 
@@ -333,8 +334,8 @@ def test_trainer_killed_with_sigkill_still_has_its_records_delivered(tmp_path):
     proc.wait()
     meta = run_dir / "parquet" / "meta.json"
     assert wait_until(lambda: meta.exists() and json.loads(meta.read_text())["status"] == "killed", timeout=60)
-    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(200)]
-    assert rllog.read_table(run_dir, "completions").column("_step").to_pylist() == [199]
+    assert parquet_backend.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(200)]
+    assert parquet_backend.read_table(run_dir, "completions").column("_step").to_pylist() == [199]
 
 
 def test_replay_delivers_to_a_new_backend_and_twice_delivers_nothing_twice(tmp_path, capsys):
@@ -346,11 +347,11 @@ def test_replay_delivers_to_a_new_backend_and_twice_delivers_nothing_twice(tmp_p
     assert not (tmp_path / "r" / "parquet").exists()
     assert cli_main(["replay", str(tmp_path / "r"), "--to", "parquet"]) == 0
     assert "delivered 31 new records" in capsys.readouterr().out
-    assert rllog.read_metrics(tmp_path / "r").num_rows == 30
+    assert parquet_backend.read_metrics(tmp_path / "r").num_rows == 30
     assert cli_main(["replay", str(tmp_path / "r"), "--to", "parquet"]) == 0
     assert "delivered 0 new records" in capsys.readouterr().out
-    assert rllog.read_metrics(tmp_path / "r").num_rows == 30
-    assert rllog.read_table(tmp_path / "r", "completions").num_rows == 2
+    assert parquet_backend.read_metrics(tmp_path / "r").num_rows == 30
+    assert parquet_backend.read_table(tmp_path / "r", "completions").num_rows == 2
     assert json.loads((tmp_path / "r" / "parquet" / "meta.json").read_text())["status"] == "finished"
 
 
@@ -390,7 +391,7 @@ def test_every_sink_sees_the_same_step_for_a_record(tmp_path):
     assert run.finish().ok
     expected = [(1, 0), (2, 1), (3, 2), (4, 7), (5, 3), (6, 3), (7, 9), (8, 10)]
     assert [(r.seq, r.step) for r in a.metrics] == [(r.seq, r.step) for r in b.metrics] == expected
-    parquet = rllog.read_metrics(tmp_path / "r")
+    parquet = parquet_backend.read_metrics(tmp_path / "r")
     assert list(zip(parquet.column("seq").to_pylist(), parquet.column("step").to_pylist(), strict=True)) == expected
 
 

@@ -69,7 +69,7 @@ def run_disk_pressure(disk: Path, tensorboard_dir: Path, crowded: bool = True, t
             released.unlink()
         run.log({key: step + i / 100 for i, key in enumerate(keys)}, step=step)
     report = run.finish(timeout=timeout)
-    table = rllog.read_metrics(run_dir)
+    table = read_metrics(run_dir)
     env = {"TENSORBOARD_LOGGING_DIR": str(tensorboard_dir)}
     tensorboard = read_back("tensorboard", env, load_run_info(run_dir)[0]).metrics
     return {
@@ -180,7 +180,7 @@ def test_the_store_is_well_below_the_journal_it_is_derived_from(tmp_path):
         run.flush()
         journal_bytes = sum(p.stat().st_size for p in (run_dir / "journal").iterdir())
         store_bytes = sum(p.stat().st_size for p in (run_dir / "parquet").rglob("*") if p.is_file())
-        assert rllog.read_metrics(run_dir).num_rows == 40_000
+        assert read_metrics(run_dir).num_rows == 40_000
     assert store_bytes < journal_bytes / 2, (store_bytes, journal_bytes)
 
 
@@ -258,7 +258,7 @@ def test_a_kill_inside_the_close_time_merge_is_finished_by_replay(tmp_path):
     assert list(metrics.glob(".*.tmp")) and len(list(metrics.glob("part-*.parquet"))) > 1  # what the kill left
     assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
     assert not list(metrics.glob(".*")) and len(list(metrics.glob("*"))) == 1  # one part, nothing left over
-    rows = rllog.read_metrics(run_dir)
+    rows = read_metrics(run_dir)
     assert sorted(zip(rows["seq"].to_pylist(), rows["key"].to_pylist(), strict=True)) == sorted(
         [(s + 1, "a") for s in range(400)] + [(s + 1, "b") for s in range(400)]
     )

@@ -28,12 +28,13 @@ from rllog.agent import RestartBudget, agent_cpus, trainer_cpu
 from rllog.cli import main as cli_main
 from rllog.errors import ForkedChild, InvalidArgument, InvalidStep, RunDirError
 from rllog.run import load_run_info
+from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 QUICK_RESTARTS = RestartBudget(burst=50, refill_seconds=1.0, backoff_base=0.05, backoff_cap=0.5)
 
 
 def parquet_rows(run_dir) -> list[tuple[int, str, float]]:
-    table = rllog.read_metrics(run_dir)
+    table = parquet_backend.read_metrics(run_dir)
     return list(
         zip(table.column("seq").to_pylist(), table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)
     )
@@ -102,7 +103,7 @@ def test_full_disk_then_freed_every_record_reaches_parquet_and_tensorboard(small
                 time.sleep(0.02)  # a trainer's pace: the writer and the agent meet the disk filling mid-run
 
     log(1000)
-    assert wait_until(lambda: rllog.read_metrics(run_dir).num_rows >= 1000)
+    assert wait_until(lambda: parquet_backend.read_metrics(run_dir).num_rows >= 1000)
     filler = fill(small_disk)
     log(2000)
     # the writer meets the full disk and keeps its records to retry (freeing the disk before would test nothing)
@@ -167,7 +168,7 @@ def test_damaged_payload_seq_and_length_bytes_cost_only_their_records(tmp_path, 
     assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
     out = capsys.readouterr().out
     assert f"delivered {10_000 - 3} new records" in out and "damaged" in out
-    seqs = set(rllog.read_metrics(run_dir).column("seq").to_pylist())
+    seqs = set(parquet_backend.read_metrics(run_dir).column("seq").to_pylist())
     assert seqs == set(range(1, 10_001)) - lost
     report = rllog.run.report(run_dir, ["parquet"])
     assert report.records == 10_000 - 3 and report["parquet"].delivered == 10_000 - 3 and report["parquet"].pending == 0
@@ -180,7 +181,7 @@ def test_a_step_outside_int64_is_refused_at_the_call(tmp_path):
         run.log({"x": 1.0}, step=2**63)
     run.log({"x": 2.0}, step=2**63 - 1)
     assert run.finish().ok
-    assert rllog.read_metrics(tmp_path / "r").column("step").to_pylist() == [2**63 - 1]
+    assert parquet_backend.read_metrics(tmp_path / "r").column("step").to_pylist() == [2**63 - 1]
 
 
 FORKING_TRAINER = textwrap.dedent(r"""
@@ -217,7 +218,7 @@ def test_log_in_a_forked_child_raises_and_its_exit_finishes_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:3] == ["['refused']", "fork child refused", "True"]
     assert "undelivered" not in proc.stderr and "finished with" not in proc.stderr
-    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [1.0, 2.0]
+    assert parquet_backend.read_metrics(run_dir).column("value").to_pylist() == [1.0, 2.0]
 
 
 def test_a_forked_child_gets_forkedchild_even_when_a_parent_thread_held_the_run_lock_at_the_fork(tmp_path):
@@ -249,7 +250,7 @@ def test_a_forked_child_gets_forkedchild_even_when_a_parent_thread_held_the_run_
     assert os.waitstatus_to_exitcode(status) == 42
     run.log({"x": 2.0}, step=0)
     assert run.finish().ok
-    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [2.0]
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [2.0]
 
 
 def test_a_forked_child_gets_back_the_sigterm_handler_it_had_before_rllog(tmp_path):
@@ -383,7 +384,7 @@ def test_agent_kept_dying_is_restarted_past_any_fixed_count_and_stderr_says_so(t
         run.log({"round": float(round_)}, step=round_)
     report = run.finish(timeout=60)
     assert run._agent.restarts >= 7 and report.ok
-    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(7)]
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(7)]
     assert "restarted" in str(report)
 
 
@@ -513,7 +514,7 @@ def test_agent_keeps_off_the_cpu_the_trainer_runs_on(tmp_path, test_backends):
     while not off_the_trainers_cpu() and time.monotonic() < deadline:
         sum(range(100_000))  # keep this (the trainer's main) thread running on its CPU
     assert off_the_trainers_cpu()
-    assert run.finish().ok and rllog.read_metrics(tmp_path / "a").column("value").to_pylist() == [1.0]
+    assert run.finish().ok and parquet_backend.read_metrics(tmp_path / "a").column("value").to_pylist() == [1.0]
 
 
 def test_agent_collects_no_garbage_while_its_trackers_open_then_freezes_them(tmp_path, test_backends):
@@ -545,7 +546,7 @@ def test_agent_collects_no_garbage_while_its_trackers_open_then_freezes_them(tmp
     # a live run's agent does it
     run = rllog.init(report_to="parquet,tensorboard", run_dir=tmp_path / "r", health=False)
     run.log({"x": 1.0}, step=1)
-    assert run.finish().ok and rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [1.0]
+    assert run.finish().ok and parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [1.0]
     frozen = [line for line in (tmp_path / "r" / "agent.log").read_text().splitlines() if "frozen out of garbage" in line]
     assert len(frozen) == 1 and int(frozen[0].split("rllog: ")[1].split()[0]) > 10_000, frozen
 
@@ -704,7 +705,7 @@ def test_a_resumed_run_after_its_delivered_last_frame_was_damaged_delivers_its_n
     segment.write_bytes(bytes(data))
     with rllog.init(run_dir=run_dir, resume="must", health=False) as run:
         run.log({"new": 1.0}, step=10)
-    table = rllog.read_metrics(run_dir, attempts="all")
+    table = parquet_backend.read_metrics(run_dir, attempts="all")
     assert sorted(zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)) == [
         ("a", 0.0),
         ("a", 1.0),
@@ -726,7 +727,7 @@ def test_two_runs_in_one_process_keep_their_records_apart(tmp_path):
         if step % 50 == 0:
             two.log_table("t", {"step": [step]}, step=step)
     assert one.finish(timeout=60).ok and two.finish(timeout=60).ok
-    first, second = rllog.read_metrics(tmp_path / "one"), rllog.read_metrics(tmp_path / "two")
+    first, second = parquet_backend.read_metrics(tmp_path / "one"), parquet_backend.read_metrics(tmp_path / "two")
 
     def values(table, key):
         keys, column = table.column("key").to_pylist(), table.column("value").to_pylist()
@@ -734,5 +735,5 @@ def test_two_runs_in_one_process_keep_their_records_apart(tmp_path):
 
     assert values(first, "which") == [1.0] * 200 and values(first, "step_seen") == [float(s) for s in range(200)]
     assert values(second, "which") == [2.0] * 200
-    assert rllog.read_table(tmp_path / "two", "t").column("step").to_pylist() == [0, 50, 100, 150]
+    assert parquet_backend.read_table(tmp_path / "two", "t").column("step").to_pylist() == [0, 50, 100, 150]
     assert not (tmp_path / "one" / "parquet" / "tables").exists() or not any((tmp_path / "one" / "parquet" / "tables").iterdir())

@@ -20,6 +20,7 @@ import rllog.run
 from rllog import journal, settings
 from rllog.cli import main as cli_main
 from rllog.delivery import RetryPolicy
+from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 
 def jsonl(run_dir, name):
@@ -42,7 +43,7 @@ def test_hung_and_crashing_trackers_then_replay_to_healthy_instances(tmp_path, t
         and report["crashes"].pending == 101
         and "crashed on purpose" in report["crashes"].error
     )
-    assert rllog.read_metrics(run_dir).num_rows == 100  # the healthy tracker got everything, on time
+    assert parquet_backend.read_metrics(run_dir).num_rows == 100  # the healthy tracker got everything, on time
     assert jsonl(run_dir, "hangs")[0] == [] and jsonl(run_dir, "crashes")[0] == []
 
     monkeypatch.setenv("RLLOG_TEST_MODE_HANGS", "ok")  # the trackers are healthy again
@@ -57,7 +58,7 @@ def test_hung_and_crashing_trackers_then_replay_to_healthy_instances(tmp_path, t
     assert out.count("delivered 0 new records") == 3
     for name in ("hangs", "crashes"):
         assert [r["seq"] for r in jsonl(run_dir, name)[0]] == list(range(1, 102))  # nothing twice
-    assert rllog.read_metrics(run_dir).num_rows == 100
+    assert parquet_backend.read_metrics(run_dir).num_rows == 100
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
@@ -103,9 +104,9 @@ def test_finish_with_a_frozen_agent_keeps_its_timeout_reports_the_freeze_and_rep
     assert f"pid {agent_pid}) was frozen" in parquet.error and "killed" in parquet.error
     assert run._agent.proc.returncode == -signal.SIGKILL  # killed, and reaped: no stopped process left behind
     assert took < timeout + settings.FINISH_OVERRUN_MAX_SECONDS + FINISH_SLACK_SECONDS, took
-    assert rllog.read_metrics(run_dir).num_rows == 10
+    assert parquet_backend.read_metrics(run_dir).num_rows == 10
     assert cli_main(["replay", str(run_dir), "--to", "parquet"]) == 0
-    assert sorted(rllog.read_metrics(run_dir).column("value").to_pylist()) == [float(s) for s in range(100)]
+    assert sorted(parquet_backend.read_metrics(run_dir).column("value").to_pylist()) == [float(s) for s in range(100)]
 
 
 def test_tracker_down_for_100k_log_calls_memory_stays_bounded(tmp_path, test_backends):
@@ -183,7 +184,7 @@ def test_sigkill_at_20_random_points_loses_nothing(tmp_path):
         must_have = kill_at_random_point(run_dir, "parquet", rng)
         assert wait_closed(run_dir), f"trial {trial}: the agent did not close the sinks as killed"
         steps = (
-            rllog.read_metrics(run_dir)
+            parquet_backend.read_metrics(run_dir)
             .filter(__import__("pyarrow.compute", fromlist=["x"]).field("key") == "i")
             .column("step")
             .to_pylist()
@@ -191,7 +192,7 @@ def test_sigkill_at_20_random_points_loses_nothing(tmp_path):
         assert must_have <= set(steps), f"trial {trial}: lost {sorted(must_have - set(steps))[:5]}"
         assert len(steps) == len(set(steps))  # and nothing twice
         table_steps = (
-            set(rllog.read_table(run_dir, "completions").column("_step").to_pylist())
+            set(parquet_backend.read_table(run_dir, "completions").column("_step").to_pylist())
             if any((run_dir / "parquet" / "tables").glob("*"))
             else set()
         )

@@ -187,4 +187,4 @@ def test_show_says_a_resumed_attempt_is_not_finished_and_plot_of_no_metrics_is_a
     from rllog.cli import main as cli_main
 
     assert cli_main(["plot", str(empty), "-o", str(tmp_path / "p.png")]) == 2
-    assert "no metrics to plot" in capsys.readouterr().out
+    assert "no metrics to plot" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from sinks import MemorySink, wait_until
 import rllog
 from rllog.errors import RunFinished
 from rllog.run import load_run_info
+from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 SIGTERM_CHILD = r"""
 import signal, sys, time, rllog
@@ -41,7 +42,7 @@ def test_sigterm_closes_sinks_as_killed_and_chains_the_previous_handler(tmp_path
     assert ("previous handler ran" in out) == (mode == "chained")
     meta = json.loads((run_dir / "parquet" / "meta.json").read_text())
     assert meta["status"] == "killed"
-    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(50)]
+    assert parquet_backend.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(50)]
     mlflow = read_back("mlflow", tracker_dirs, load_run_info(run_dir)[0])
     assert mlflow.status == "killed" and mlflow.metrics["i"] == [(i, float(i)) for i in range(50)]
 
@@ -87,7 +88,7 @@ def test_sigterm_during_finish_lets_that_finish_end_then_ends_the_process(tmp_pa
     assert proc.returncode == -signal.SIGTERM, proc.stderr
     assert "lived on" not in proc.stdout
     assert json.loads((run_dir / "parquet" / "meta.json").read_text())["status"] == "finished"
-    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(20)]
+    assert parquet_backend.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(20)]
 
 
 def test_sigterm_inside_log_is_acted_on_once_the_lock_is_released(tmp_path):
@@ -99,7 +100,7 @@ def test_sigterm_inside_log_is_acted_on_once_the_lock_is_released(tmp_path):
     assert proc.returncode == -signal.SIGTERM, proc.stderr
     assert proc.stdout.splitlines() == ["inside"]
     assert json.loads((run_dir / "parquet" / "meta.json").read_text())["status"] == "killed"
-    assert rllog.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(20)]
+    assert parquet_backend.read_metrics(run_dir).column("value").to_pylist() == [float(i) for i in range(20)]
 
 
 EXCEPTION_CHILD = r"""
@@ -125,7 +126,7 @@ def test_killed_agent_is_restarted_and_nothing_is_lost(tmp_path):
     for i in range(100):
         run.log({"i": float(i)}, step=i)
     first = run._agent.proc
-    assert wait_until(lambda: rllog.read_metrics(tmp_path / "r").num_rows >= 1)
+    assert wait_until(lambda: parquet_backend.read_metrics(tmp_path / "r").num_rows >= 1)
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     for i in range(100, 200):
@@ -135,7 +136,7 @@ def test_killed_agent_is_restarted_and_nothing_is_lost(tmp_path):
     assert run._agent.restarts == 1
     assert report.ok
     # a cursor means durable, and parquet recognises what a killed agent had written: each record once
-    assert rllog.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
 
 
 def test_log_from_many_threads_keeps_every_record(tmp_path):

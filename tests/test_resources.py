@@ -25,6 +25,7 @@ from rllog.delivery import BATCH_BYTES, FLUSH_DUE_RECORDS, LOCAL_RETRY_CAP, Foll
 from rllog.errors import TransientError
 from rllog.journal import End, JournalReader, JournalWriter, PendingMetrics
 from rllog.run import load_run_info
+from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
 
@@ -228,8 +229,8 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
     result = json.loads(out.strip().splitlines()[-1])
     assert result["ok"], result["text"] + stderr.read_text()
     assert result["delivered"] == 3 * 100 + 3 + 1
-    assert all(sorted(rllog.read_table(run_dir, f"t{t}").column("x").to_pylist()) == [0, 1, 2] for t in range(100))
-    assert len(rllog.read_metrics(run_dir)) == 4
+    assert all(sorted(parquet_backend.read_table(run_dir, f"t{t}").column("x").to_pylist()) == [0, 1, 2] for t in range(100))
+    assert len(parquet_backend.read_metrics(run_dir)) == 4
 
 
 def test_a_follower_whose_cursor_cannot_be_saved_for_want_of_descriptors_saves_it_with_its_spares(tmp_path):
@@ -278,7 +279,7 @@ def test_parquet_buffers_at_most_its_row_limit_whatever_the_width_of_the_records
     assert buffered_at_flush and max(buffered_at_flush) <= ParquetSink.MAX_BUFFERED_ROWS
     assert len(sink._rows) <= ParquetSink.MAX_BUFFERED_ROWS
     sink.close("finished")
-    assert rllog.read_metrics(tmp_path / "r").num_rows == 30 * width
+    assert parquet_backend.read_metrics(tmp_path / "r").num_rows == 30 * width
 
 
 def test_a_follower_thread_that_ended_while_running_is_named_in_its_cursor_by_the_agent(tmp_path):
@@ -330,7 +331,7 @@ def test_a_follower_out_of_memory_in_its_own_work_ends_for_a_restart_from_its_cu
     monkeypatch.setattr(Follower, "_advance", real_advance)
     again = Follower("parquet", ParquetSink(), load_run_info(run_dir)[0], follow=True)
     assert again.start().join(60)
-    seqs = rllog.read_metrics(run_dir).column("seq").to_pylist()
+    seqs = parquet_backend.read_metrics(run_dir).column("seq").to_pylist()
     assert sorted(seqs) == list(range(1, 3001))  # each once
     report = rllog.run.report(run_dir, ["parquet"])
     assert report.ok and report["parquet"].delivered == 3000
