@@ -295,6 +295,29 @@ POLICY_ROWS = {  # what each tracker stores, by how its table takes a list or a 
 }
 
 
+def test_cells_of_values_arrow_never_gives_follow_the_same_policy():
+    """What a sink may meet outside ``to_pylist``: 0-d numpy and torch values, dates, ``Decimal``, ``memoryview``."""
+    import datetime
+    import decimal
+
+    import numpy as np
+
+    from rllog_backends._cells import cell
+
+    torch = pytest.importorskip("torch")
+    values = [np.float32(0.5), np.float64("nan"), np.int64(7), np.bool_(True), torch.tensor(2.5), torch.tensor(float("inf"))]
+    assert [cell(v) for v in values] == [0.5, None, 7, True, 2.5, None]
+    assert [type(cell(v)) for v in values[2:4]] == [int, bool]
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    assert [cell(when), cell(when.date()), cell(decimal.Decimal("0.1000")), cell(memoryview(b"ab"))] == [
+        "2026-01-02T03:04:05",
+        "2026-01-02",
+        "0.1000",
+        "ab",
+    ]
+    assert cell([np.float64("inf"), {"k": b"\xff"}], nested=False) == '[null, {"k": "\\\\xff"}]'
+
+
 NON_FINITE = {"loss": math.nan, "kl": math.inf, "neg": -math.inf, "big": 1e300, "tiny": 5e-324}
 
 
