@@ -270,24 +270,6 @@ def test_importing_a_backend_imports_no_tracker():
     assert trackers and json.loads(result.stdout.splitlines()[-1]) == []
 
 
-NON_FINITE = {"loss": math.nan, "kl": math.inf, "neg": -math.inf, "big": 1e300, "tiny": 5e-324}
-
-
-def test_nan_and_inf(backend, tracker_dirs):
-    info = make_info(tracker_dirs)
-    sink = open_sink(backend, info)
-    sink.write_metrics([metrics(1, 0, NON_FINITE), metrics(2, 1, {"loss": 0.5})])
-    cells = {"reward": [math.nan, math.inf, -math.inf, 0.25]}
-    sink.write_table(table(3, 1, "completions", cells))
-    sink.close("finished")
-
-    back = read_back(backend, tracker_dirs, info)
-    for key, v in NON_FINITE.items():
-        expected = expected_series(backend, [(0, v)] + ([(1, 0.5)] if key == "loss" else []))
-        assert same(back.metrics[key], expected), (key, back.metrics[key], expected)
-    assert same(back.tables["completions"], [(1, expected_rows(backend, cells))])
-
-
 # One row per case of rllog_backends/_cells.py's policy: NaN/inf, None, bytes (UTF-8 and not), lists and structs.
 POLICY_COLUMNS = {
     "number": [math.nan, math.inf, -math.inf, 0.25, None],
@@ -313,17 +295,52 @@ POLICY_ROWS = {  # what each tracker stores, by how its table takes a list or a 
 }
 
 
-def test_table_cells_follow_the_one_cell_policy(backend, tracker_dirs):
-    """Every backend that hands its tracker rows of plain values converts cells the one way of
-    ``rllog_backends/_cells.py`` (docs/sink-protocol.md, "Table cells"), read back from the tracker's storage."""
-    kind = hook(backend, "TABLE_CELLS")
-    if kind is None:
-        pytest.skip(f"{backend} stores tables its own way (readers/{backend}.py has no TABLE_CELLS)")
+def test_cells_of_values_arrow_never_gives_follow_the_same_policy():
+    """What a sink may meet outside ``to_pylist``: 0-d numpy and torch values, dates, ``Decimal``, ``memoryview``."""
+    import datetime
+    import decimal
+
+    import numpy as np
+
+    from rllog_backends._cells import cell
+
+    torch = pytest.importorskip("torch")
+    values = [np.float32(0.5), np.float64("nan"), np.int64(7), np.bool_(True), torch.tensor(2.5), torch.tensor(float("inf"))]
+    assert [cell(v) for v in values] == [0.5, None, 7, True, 2.5, None]
+    assert [type(cell(v)) for v in values[2:4]] == [int, bool]
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    assert [cell(when), cell(when.date()), cell(decimal.Decimal("0.1000")), cell(memoryview(b"ab"))] == [
+        "2026-01-02T03:04:05",
+        "2026-01-02",
+        "0.1000",
+        "ab",
+    ]
+    assert cell([np.float64("inf"), {"k": b"\xff"}], nested=False) == '[null, {"k": "\\\\xff"}]'
+
+
+NON_FINITE = {"loss": math.nan, "kl": math.inf, "neg": -math.inf, "big": 1e300, "tiny": 5e-324}
+
+
+def test_nan_and_inf(backend, tracker_dirs):
     info = make_info(tracker_dirs)
     sink = open_sink(backend, info)
-    sink.write_table(table(1, 0, "completions", POLICY_COLUMNS))
+    sink.write_metrics([metrics(1, 0, NON_FINITE), metrics(2, 1, {"loss": 0.5})])
+    cells = {"reward": [math.nan, math.inf, -math.inf, 0.25]}
+    sink.write_table(table(3, 1, "completions", cells))
+    # A sink that hands its tracker rows of plain values converts every cell the one way of rllog_backends/_cells.py
+    # (docs/sink-protocol.md, "Table cells"); the reader's TABLE_CELLS says whether lists and dicts stay nested.
+    cell_kind = hook(backend, "TABLE_CELLS")
+    if cell_kind is not None:
+        sink.write_table(table(4, 1, "cells", POLICY_COLUMNS))
     sink.close("finished")
-    assert read_back(backend, tracker_dirs, info).tables["completions"] == [(0, POLICY_ROWS[kind])]
+
+    back = read_back(backend, tracker_dirs, info)
+    for key, v in NON_FINITE.items():
+        expected = expected_series(backend, [(0, v)] + ([(1, 0.5)] if key == "loss" else []))
+        assert same(back.metrics[key], expected), (key, back.metrics[key], expected)
+    assert same(back.tables["completions"], [(1, expected_rows(backend, cells))])
+    if cell_kind is not None:
+        assert back.tables["cells"] == [(1, POLICY_ROWS[cell_kind])]
 
 
 def test_a_retried_call_is_not_duplicated(backend, tracker_dirs, monkeypatch):
