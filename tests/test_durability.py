@@ -320,7 +320,7 @@ def test_of_two_inits_on_one_directory_exactly_one_wins(tmp_path):
         ]
         outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
         assert outcomes == ["lost", "won"], (trial, outcomes)
-    with pytest.raises(RunDirError, match="already holds a run"):
+    with pytest.raises(RunDirError, match="already holds run"):
         rllog.init(report_to="none", run_dir=tmp_path / "r0")
 
 
@@ -720,7 +720,7 @@ def test_two_runs_in_one_process_keep_their_records_apart(tmp_path):
     import rllog
 
     one = rllog.init(report_to="parquet", run_dir=tmp_path / "one", project="p")
-    two = rllog.init(report_to="parquet", run_dir=tmp_path / "two", project="p")
+    two = rllog.init(report_to="parquet", run_dir=tmp_path / "two", project="p", reinit="create_new")
     for step in range(200):
         one.log({"which": 1.0, "step_seen": float(step)}, step=step)
         two.log({"which": 2.0}, step=step)

@@ -68,7 +68,10 @@ class RLLogTracker(GeneralTracker):
         """Start a run, unless one is open; after ``end_training``, a new one (as accelerate's own trackers do)."""
         if self.run is None or (self._owns_run and self.run.finished):
             self.run = rllog.init(
-                report_to=self.report_to, project=self.project_name, reduce_across_ranks=False, **self.init_kwargs
+                report_to=self.report_to,
+                project=self.project_name,
+                reduce_across_ranks=False,
+                **{"reinit": "create_new", **self.init_kwargs},  # this tracker finishes its own runs (end_training)
             )
 
     @on_main_process

@@ -69,14 +69,16 @@ class RLLogLogger(Logger):
     def experiment(self) -> Any:
         """The :class:`rllog.Run`, started on first use (again, as a resumed attempt, after ``finalize``)."""
         if self._run is None:
+            kwargs = {"reinit": "create_new", **self.init_kwargs}  # this logger finishes its own runs (finalize)
             self._run = rllog.init(
-                report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **self.init_kwargs
+                report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **kwargs
             )
         elif self._run.finished and self._owns_run:
             # after a stage that ended well the run continues; after a failed one (a fit resumed from ckpt_path
             # next) the attempt restarts at its first step, as a resume does
             resume = "continue" if self._finalized == "finished" else "must"
-            kwargs = {**self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id, "resume": resume}
+            kwargs = {"reinit": "create_new", **self.init_kwargs, "run_dir": self._run.run_dir, "run_id": self._run.run_id}
+            kwargs["resume"] = resume
             self._run = rllog.init(
                 report_to=self.report_to, project=self.project, name=self._name, reduce_across_ranks=False, **kwargs
             )

@@ -264,6 +264,7 @@ class RLLogCallback(TrainerCallback):
             "project": getattr(args, "project", None) or DEFAULT_PROJECT,
             "name": _trial(state)[0] or getattr(args, "run_name", None),
             "reduce_across_ranks": False,
+            "reinit": "create_new",  # this callback finishes its own runs; another trainer's stays open
         }
         kwargs.update(self._resume_kwargs(_saved_run(state), previous))
         kwargs.update(self.init_kwargs)

@@ -41,6 +41,13 @@ def start_agent(
     ).start()
 
 
+def prepare_standby(sink_names: list[str], system_interval: float | None) -> bool:
+    """Start a standby agent for these sinks (:func:`rllog.agent.prepare`); whether one is now waiting."""
+    from rllog import agent
+
+    return agent.prepare(sink_names, system_interval) is not None
+
+
 def follower(name: str, sink: Any, info: RunInfo, flush_interval: float, retry: Any) -> Any:
     """A follower thread (not started) delivering the live journal to ``sink``: an object, or a factory of one."""
     from rllog.delivery import Follower, live_poll_interval

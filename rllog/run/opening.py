@@ -32,6 +32,13 @@ RESUME_MODES = ("allow", "must", "never", "continue")
 SYSTEM_METRICS_ENV = settings.SYSTEM_METRICS.name
 # How alike an unknown argument's name must be to a real one to be suggested (difflib's ratio, 0 to 1).
 ARGUMENT_SUGGESTION_CUTOFF = 0.6
+# Arguments of other trackers' init that users bring along, and where they go here.
+FOREIGN_ARGUMENTS = {
+    "entity": "a tracker's own option: backend_options={'wandb': {'entity': ...}}",
+    "id": "did you mean 'run_id'?",
+    "dir": "did you mean 'run_dir'?",
+    "experiment_name": "did you mean 'project'?",
+}
 
 
 def check_arguments(given: Mapping[str, Any], *accepting: Callable[..., Any], what: str = "rllog.init") -> None:
@@ -51,7 +58,8 @@ def check_arguments(given: Mapping[str, Any], *accepting: Callable[..., Any], wh
     for key in given:
         if key not in names:
             close = difflib.get_close_matches(key, names, n=1, cutoff=ARGUMENT_SUGGESTION_CUTOFF)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = FOREIGN_ARGUMENTS.get(key) or (f"did you mean {close[0]!r}?" if close else "")
+            hint = f" ({hint})" if hint else ""
             raise UnknownArgument(f"{what}() got an unknown argument {key!r}{hint}; it takes {', '.join(names)}")
 
 

@@ -168,7 +168,14 @@ class Run(RunBase):
             print(self._opening_line(), file=sys.stderr, flush=True)
 
     # -- the hot path ----------------------------------------------------------------------------
-    def _append(self, make: RecordMaker, step: int | Callable[[], int], source: str = USER, stamp: float | None = None) -> None:
+    def _append(
+        self,
+        make: RecordMaker,
+        step: int | Callable[[], int],
+        source: str = USER,
+        stamp: float | None = None,
+        advances_step: bool = False,
+    ) -> None:
         """Number a record, date it and hand it to the journal writer: the one place a record gets its seq and step.
 
         Args:
@@ -178,6 +185,7 @@ class Run(RunBase):
                 :data:`AGENT` (a system sample: dropped once the run closes) or :data:`WRITER` (a health alert, on
                 the writer's own thread: always taken, never waits for the writer).
             stamp: the record's time (default: now).
+            advances_step: the record's step becomes the run's step (metrics).
         """
         now = time.time() if stamp is None else stamp
         with self._lock:
@@ -188,6 +196,8 @@ class Run(RunBase):
                     return
             self._seq += 1
             at = step() if callable(step) else step
+            if advances_step:
+                self._step = at
             self._writer.append(make(self._seq, at, now))
         if source == USER and self._writer.backlog > self.max_pending:
             self._wait_for_journal()
@@ -208,14 +218,11 @@ class Run(RunBase):
         floats, tensors = self._prepare_metrics(values)
         stacked = stack_scalars(list(tensors.values())) if tensors else None
         names = tuple(tensors)
-
-        def metrics_step() -> int:  # under the lock: the run's step becomes this record's
-            self._step = self._trainer_step(self._step + 1) if step is None else step
-            return self._step
-
-        if step is not None:
-            step = check_step(step)
-        self._append(lambda seq, at, now: PendingMetrics(seq, at, now, floats, names, stacked), metrics_step)
+        self._append(
+            lambda seq, at, now: PendingMetrics(seq, at, now, floats, names, stacked),
+            self._next_step if step is None else check_step(step),
+            advances_step=True,
+        )
 
     def log_table(self, name: str, table: Any, step: int | None = None) -> None:
         """Log a table (e.g. completions) at ``step`` (default: the step of the last ``log``).
@@ -254,6 +261,9 @@ class Run(RunBase):
 
         self._append(record, self._current_step)
         self._run_file().write(self.run_dir)
+
+    def _next_step(self) -> int:
+        return self.step_source() if self.step_source is not None else self._step + 1
 
     def _trainer_step(self, otherwise: int) -> int:
         """The trainer's current step where an integration owns the step, else ``otherwise``."""

@@ -37,8 +37,11 @@ _handling_sigterm = False
 _deferred_sigterm: tuple[int, Any] | None = None  # noted while the main thread was inside a run; acted on as it leaves
 
 
+_main_ident = threading.main_thread().ident  # the thread Python runs signal handlers on (a forked child's is its own)
+
+
 def _on_main_thread() -> bool:
-    return threading.get_ident() == threading.main_thread().ident
+    return threading.get_ident() == _main_ident
 
 
 class SignalAwareLock:
@@ -54,15 +57,14 @@ class SignalAwareLock:
     def __enter__(self) -> SignalAwareLock:
         # Set before acquiring: a SIGTERM landing between the acquire and this line would see the lock taken by
         # nobody it knows of, and its finishing thread would wait on it.
-        on_main = _on_main_thread()
-        if on_main:
+        if threading.get_ident() == _main_ident:
             self.main_inside = True
         self._lock.acquire()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self._lock.release()
-        if self.main_inside and _on_main_thread():
+        if self.main_inside and threading.get_ident() == _main_ident:
             self.main_inside = False
             if _deferred_sigterm is not None:
                 act_on_deferred_sigterm()
@@ -86,7 +88,8 @@ def _after_fork_in_child() -> None:
     """A forked child shares no writer thread with its parent's runs: their log() raises there, and the
     child's exit finishes nothing (the parent does). Each run gets new locks: one that another thread of the
     parent held at the fork would stay held in the child, where no thread will release it."""
-    global _deferred_sigterm
+    global _deferred_sigterm, _main_ident
+    _main_ident = threading.get_ident()
     for run in list(_live_runs):
         run._forked = True
         run._lock = SignalAwareLock()
