@@ -702,3 +702,31 @@ def test_a_tracker_that_starts_dead_lettering_says_so_once_on_the_trainers_stder
     _stderr_said(capfd, seen, "")
     assert "".join(seen).count("rejected record") == 1
     assert report["jsonl"].dead_letters == 2 and report["jsonl"].state == "delivered"
+
+
+def test_a_write_that_fails_halfway_is_repeated_with_only_what_the_sink_had_not_taken(tmp_path):
+    """The re-send rule is the delivery layer's (four backends tracked seqs themselves): a sink storing a batch record
+    by record says how far it got (rllog.sink.took); after a transient failure halfway the call is repeated with the
+    rest only, and after a permanent one the records are tried one by one without those it took. No record twice."""
+    from rllog.sink import took
+
+    class RecordByRecord(MemorySink):
+        down_once = True
+
+        def write_metrics(self, records):
+            for record in records:
+                if record.step == 3 and self.down_once:
+                    self.down_once = False
+                    raise TransientError("down for a moment")
+                if record.step == 6:
+                    raise ValueError("step 6 cannot be stored")
+                super().write_metrics([record])
+                took(records, record.seq)
+
+    sink = RecordByRecord("bybatch")
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, retry=FAST, health=False)
+    for step in range(1, 9):  # however the follower's reads cut them into batches
+        run.log({"x": float(step)}, step=step)
+    report = run.finish(timeout=60)
+    assert [r.step for r in sink.metrics] == [1, 2, 3, 4, 5, 7, 8]  # each once, in order
+    assert report["bybatch"].dead_letters == 1 and report["bybatch"].delivered == 7 and not sink.down_once

@@ -138,10 +138,9 @@ class SinkCalls:
         try:
             call(batch)
         except BaseException:
-            taken = [r for r in batch if r.seq <= batch.taken_seq]
+            taken = batch.drop_taken()
             if taken:
                 self._book_taken({r.seq for r in taken})
-                batch[:] = [r for r in batch if r.seq > batch.taken_seq]
             raise
 
     def _book_taken(self, seqs: set[int]) -> None:
