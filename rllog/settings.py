@@ -242,7 +242,7 @@ WRITER_ALIVE_CHECK_SECONDS = 0.05
 
 # -- the delivery agent and its supervision (rllog.agent) --------------------------------------------------------
 AGENT_POLL_SECONDS = 0.2  # how often the trainer's watcher reads the agent's samples and checks that it lives
-SINK_CHECK_SECONDS = 5.0  # how often the watcher reads the cursors to say on stderr that a sink failed
+SINK_CHECK_SECONDS = 5.0  # how often the watcher reads every cursor for a sink retrying one error (a failure: at once)
 LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
 ORPHAN_TIMEOUT_SECONDS = 600.0  # an agent whose trainer died gives its sinks this long to take what is left
 CAUGHT_UP_SECONDS = 2.0  # an agent raised to normal priority goes back to idle once it is this close to the trainer

@@ -92,6 +92,13 @@ class Batch(list):
 
     taken_seq = 0
 
+    def drop_taken(self) -> list:
+        """Remove the records the sink has taken (what a repeated call must not hand it again); returns them."""
+        taken = [r for r in self if r.seq <= self.taken_seq]
+        if taken:
+            self[:] = [r for r in self if r.seq > self.taken_seq]
+        return taken
+
 
 def took(records: Sequence[MetricsRecord], seq: int) -> None:
     """Say that every record of ``records`` up to ``seq`` is stored (a tracker call for them returned): if the sink's

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.sink import Capabilities
+from rllog.sink import Capabilities, took
 from rllog.sink_errors import map_errors
 from rllog_backends._cells import cell
 
@@ -135,7 +135,6 @@ class ClearMLSink:
         self.section = section
         self.output_uri = output_uri
         self._task: Any = None
-        self._last_metrics_seq = 0
 
     @property
     def task(self) -> Any:
@@ -156,7 +155,6 @@ class ClearMLSink:
         # ClearML's reporting subprocess takes 5-11 s per flush and close; its thread reporter writes at once.
         BackendTask._report_subprocess_enabled = False  # type: ignore[assignment]  # a lazily read config value
         project = self.project or run_info.project
-        self._last_metrics_seq = 0
         with map_errors("clearml"):
             previous = None if Task.is_offline() else self._find_task(Task, project, run_info.run_id)
             self._task = Task.init(
@@ -189,13 +187,11 @@ class ClearMLSink:
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         logger = self._require_task().get_logger()
         for record in records:
-            if record.seq <= self._last_metrics_seq:  # taken by an earlier attempt of this call
-                continue
             with map_errors("clearml"):
                 for key, value in record.values.items():
                     title, series = title_series(key)
                     logger.report_scalar(title=title, series=series, value=stored_value(float(value)), iteration=record.step)
-            self._last_metrics_seq = record.seq
+            took(records, record.seq)  # a call that fails later is repeated with the rest only
 
     def write_table(self, record: TableRecord) -> None:
         logger = self._require_task().get_logger()

@@ -59,7 +59,7 @@ import pyarrow as pa
 
 from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
-from rllog.sink import Capabilities
+from rllog.sink import Capabilities, took
 from rllog.sink_errors import map_errors, retry_error
 from rllog_backends._conventions import Remembered, env, explicit_project, first
 
@@ -339,14 +339,12 @@ class CometSink:
         self.log_env_details = log_env_details
         self.flush_timeout = flush_timeout
         self._experiment: Any = None
-        self._last_metrics_seq = 0
         self._offline = False
         self._marker: Path | None = None
 
     # -- MetricSink ---------------------------------------------------------------------------------
     def open(self, run_info: RunInfo) -> None:
         """Start (or continue, by experiment key) the Comet experiment and log name, tags, config, run id."""
-        self._last_metrics_seq = 0
         offline_hint = self.online is False or (self.online is None and _is_false(os.environ.get("COMET_START_ONLINE")))
         if "comet_ml" not in sys.modules:
             # Read by comet_ml at import: without it, comet patches mlflow/tensorboard/torch/... on import.
@@ -432,15 +430,15 @@ class CometSink:
         """One ``log_metrics`` per step (consecutive records of a step together, unless a key repeats), at the
         record's step (lower steps included).
 
-        A call repeated after a failure (the delivery layer's retry) skips the records the failed
-        attempt already logged: Comet keeps every point, so they would be stored twice.
+        Each step's call is acknowledged (:func:`rllog.sink.took`), so a call that fails halfway is repeated with
+        the rest only: Comet keeps every point, and a step logged twice would be stored twice.
         """
         experiment = self._require_open()
         with _mapped_errors():
-            for step, values, last_seq in step_rows([r for r in records if r.seq > self._last_metrics_seq], comet_name):
+            for step, values, last_seq in step_rows(records, comet_name):
                 if values:
                     experiment.log_metrics(values, step=step)
-                self._last_metrics_seq = last_seq
+                took(records, last_seq)
 
     def write_table(self, record: TableRecord) -> None:
         """Log the table as a CSV asset at the record's step."""

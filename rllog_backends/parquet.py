@@ -45,7 +45,7 @@ from rllog.errors import InvalidTable, TransientError
 from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, Supersession, TableRecord
 from rllog.rundir import RunFile
-from rllog.sink import Capabilities
+from rllog.sink import Capabilities, took
 from rllog.sink_errors import is_disk_full
 from rllog_backends.parquet_store import PartStore, check_table, table_dir_name, whole_record_slices
 
@@ -250,7 +250,6 @@ class ParquetSink:
         self._table_seqs: dict[str, int] = {}  # the first buffered record's seq, per table (names an empty table's part)
         self._alerts: list[dict] = []
         self._stores: dict[Path, PartStore] = {}
-        self._buffered_seq: dict[Path, int] = {}  # the highest seq buffered, per directory (kept until stored)
         self._written_now: set[Path] = set()  # directories written since the last flush (their tails stay open)
 
     def open(self, run_info: RunInfo) -> None:
@@ -292,17 +291,12 @@ class ParquetSink:
     def _store(self, *parts: str) -> PartStore:
         return self._store_at(self._dir(*parts))
 
-    def _is_new(self, store: PartStore, seq: int) -> bool:
-        """Whether record ``seq`` is neither stored (a re-send of what a killed agent had stored) nor buffered already.
-
-        A call that raised (a full disk in the flush past :attr:`MAX_BUFFERED_ROWS`, whose rows stay buffered for
-        the retry) is repeated by the delivery layer with the same records, whole or one by one: buffering them
-        again would store them twice. Records come in seq order, so the highest buffered seq is enough.
-        """
-        return seq > max(store.written_seq, self._buffered_seq.get(store.directory, 0))
-
-    def _buffered(self, store: PartStore, seq: int) -> None:
-        self._buffered_seq[store.directory] = max(seq, self._buffered_seq.get(store.directory, 0))
+    @staticmethod
+    def _is_new(store: PartStore, seq: int) -> bool:
+        """Whether record ``seq`` is not in the store yet: one sent again after a killed agent had stored it (and
+        not saved its cursor) is recognised by its seq, the store knowing its highest. A record buffered and not
+        stored is never sent again to the same sink (the delivery layer's rule; :func:`rllog.sink.took`)."""
+        return seq > store.written_seq
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         store = self._store("metrics")
@@ -311,7 +305,7 @@ class ParquetSink:
                 if self._rows and len(self._rows) + len(r.values) > self.MAX_BUFFERED_ROWS:
                     self.flush()  # per record, not after the call: a batch of wide records stays bounded
                 self._rows.extend([(r.step, key, value, r.time, r.seq) for key, value in r.values.items()])  # whole or not at all
-                self._buffered(store, r.seq)
+                took(records, r.seq)  # buffered: a flush below that fails (a full disk) keeps it for the next one
                 if len(self._rows) >= self.MAX_BUFFERED_ROWS:
                     self.flush()
 
@@ -331,7 +325,6 @@ class ParquetSink:
             raise InvalidTable(f"table {record.name!r}: a column's type changed from earlier steps: {exc}") from exc
         self._tables.setdefault(record.name, []).append(table)
         self._table_seqs.setdefault(record.name, record.seq)
-        self._buffered(store, record.seq)
 
     def write_config(self, record: ConfigRecord) -> None:
         self._meta["config"].update(record.values)
@@ -341,7 +334,6 @@ class ParquetSink:
     def write_alert(self, record: AlertRecord) -> None:
         store = self._store("alerts")
         if self._is_new(store, record.seq):
-            self._buffered(store, record.seq)
             self._alerts.append(
                 {
                     "step": record.step,

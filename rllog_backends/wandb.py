@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
-from rllog.sink import Capabilities
+from rllog.sink import Capabilities, took
 from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
 from rllog_backends._cells import cell
 from rllog_backends._conventions import Remembered, env, explicit_name, explicit_project, first
@@ -373,8 +373,6 @@ class WandbSink:
         self.settings = dict(settings or {})
         self.close_timeout = close_timeout
         self._run: Any = None
-        self._last_metrics_seq = 0
-        self._last_table_seq = 0
 
     @property
     def run(self) -> Any:
@@ -382,8 +380,6 @@ class WandbSink:
         return self._run
 
     def open(self, run_info: RunInfo) -> None:
-        self._last_metrics_seq = 0
-        self._last_table_seq = 0
         if self._run is None:
             import wandb
 
@@ -438,17 +434,14 @@ class WandbSink:
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
         # Consecutive records of one step share a history row (a ``run.log`` costs ~2 ms).
-        todo = [r for r in records if r.seq > self._last_metrics_seq]
-        for step, row, last_seq in step_rows(todo, lambda k: wandb_key(k, self.step_key)):
+        for step, row, last_seq in step_rows(records, lambda k: wandb_key(k, self.step_key)):
             if row:
                 with _mapped():
                     run.log({**row, self.step_key: step})
-            self._last_metrics_seq = last_seq  # a repeated call (after an error) skips what was logged
+            took(records, last_seq)  # a call that fails later is repeated with the rest only
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()
-        if record.seq <= self._last_table_seq:  # a repeated call (after an error) skips what was logged
-            return
         import wandb
 
         table = record.table
@@ -469,7 +462,6 @@ class WandbSink:
         row[self.step_key] = record.step
         with _mapped():
             run.log(row)
-        self._last_table_seq = record.seq
 
     def write_config(self, record: ConfigRecord) -> None:
         """Config given after ``open`` (``Run.update_config``): ``run.config.update``, changed values allowed."""

@@ -644,3 +644,95 @@ def test_the_retry_note_is_cleared_when_retrying_ends_in_a_rejection(tmp_path):
     saved = CursorStore(run_dir, "flaky").load()
     assert sink.seqs == [1, 2, 3, 4, 6, 7, 8, 9, 10] and saved.dead_letter_count == 1
     assert (saved.state, saved.error) == ("closed", None)  # not "retrying since ..." on a sink that delivered
+
+
+def _stderr_said(capfd, seen: list[str], text: str) -> bool:
+    """Whether ``text`` was written to this process's stderr (``seen`` keeps what was read so far)."""
+    seen.append(capfd.readouterr().err)
+    return text in "".join(seen)
+
+
+def _watcher_looked_twice(run) -> bool:
+    """With the agent, the trainer's watcher says what it reads off a cursor: wait for two of its looks (counts)."""
+    if run._agent is None:
+        return True
+    looks = run._agent.cursor_checks
+    return wait_until(lambda: run._agent.cursor_checks >= looks + 2, timeout=30)
+
+
+@pytest.mark.parametrize("delivery", ["process", "thread"])
+def test_a_failing_tracker_is_said_on_the_trainers_stderr_when_it_fails_not_at_finish(tmp_path, test_backends, capfd, delivery):
+    """A sink raising on every write was marked failed in agent.log only (the trainer's watcher read the cursors
+    every 5 s; in-process followers said nothing): a 4 s run's stderr said nothing before finish. Now the line comes
+    as the sink fails, once, with the cause and what happens to its records."""
+    run = rllog.init(report_to=["parquet", "crashes"], run_dir=tmp_path / "r", delivery=delivery, health=False)
+    for step in range(12):  # more records in a row than MAX_SUSPECTS: the sink is broken, not a record
+        run.log({"loss": float(step)}, step=step)
+    cursor = CursorStore(tmp_path / "r", "crashes")
+    assert wait_until(lambda: cursor.load().state == "failed", timeout=60)
+    assert _watcher_looked_twice(run)
+    seen: list[str] = []
+    assert _stderr_said(capfd, seen, "rllog: delivery to 'crashes' failed (")  # before finish is called
+    assert "RuntimeError: crashes crashed on purpose" in seen[0] and f"rllog replay {tmp_path / 'r'} --to crashes" in seen[0]
+    report = run.finish(timeout=60)
+    _stderr_said(capfd, seen, "")
+    assert "".join(seen).count("delivery to 'crashes' failed") == 1
+    assert report["crashes"].state == "failed" and report["parquet"].state == "delivered"
+
+
+@pytest.mark.parametrize("delivery", ["process", "thread"])
+def test_a_tracker_that_starts_dead_lettering_says_so_once_on_the_trainers_stderr(tmp_path, test_backends, capfd, delivery):
+    """The first record a sink rejects for good is said when it is dead-lettered (not only counted in the report at
+    finish); later ones are counted, not said again. JsonlSink cannot write a date cell as JSON."""
+    import datetime
+
+    run = rllog.init(report_to="jsonl", run_dir=tmp_path / "r", delivery=delivery, health=False)
+    cursor = CursorStore(tmp_path / "r", "jsonl")
+    step = 0
+
+    def dead_letters_after_a_good_record(count: int) -> bool:
+        nonlocal step
+        step += 1
+        run.log({"loss": float(step)}, step=step)  # a record the sink takes: the rejected table was the problem
+        return cursor.load().dead_letter_count == count
+
+    run.log_table("bad", {"id": [datetime.date(2020, 1, 1)]}, step=0)
+    assert wait_until(lambda: dead_letters_after_a_good_record(1), timeout=60)
+    assert _watcher_looked_twice(run)
+    seen: list[str] = []
+    assert _stderr_said(capfd, seen, "rllog: 'jsonl' rejected record seq 1 (step 0) for good (TypeError:")
+    assert "dead-letter list" in seen[0] and "delivery to it goes on" in seen[0]
+    run.log_table("bad", {"id": [datetime.date(2020, 1, 2)]}, step=step)
+    assert wait_until(lambda: dead_letters_after_a_good_record(2), timeout=60)
+    report = run.finish(timeout=60)
+    _stderr_said(capfd, seen, "")
+    assert "".join(seen).count("rejected record") == 1
+    assert report["jsonl"].dead_letters == 2 and report["jsonl"].state == "delivered"
+
+
+def test_a_write_that_fails_halfway_is_repeated_with_only_what_the_sink_had_not_taken(tmp_path):
+    """The re-send rule is the delivery layer's (four backends tracked seqs themselves): a sink storing a batch record
+    by record says how far it got (rllog.sink.took); after a transient failure halfway the call is repeated with the
+    rest only, and after a permanent one the records are tried one by one without those it took. No record twice."""
+    from rllog.sink import took
+
+    class RecordByRecord(MemorySink):
+        down_once = True
+
+        def write_metrics(self, records):
+            for record in records:
+                if record.step == 3 and self.down_once:
+                    self.down_once = False
+                    raise TransientError("down for a moment")
+                if record.step == 6:
+                    raise ValueError("step 6 cannot be stored")
+                super().write_metrics([record])
+                took(records, record.seq)
+
+    sink = RecordByRecord("bybatch")
+    run = rllog.init(report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, retry=FAST, health=False)
+    for step in range(1, 9):  # however the follower's reads cut them into batches
+        run.log({"x": float(step)}, step=step)
+    report = run.finish(timeout=60)
+    assert [r.step for r in sink.metrics] == [1, 2, 3, 4, 5, 7, 8]  # each once, in order
+    assert report["bybatch"].dead_letters == 1 and report["bybatch"].delivered == 7 and not sink.down_once

@@ -15,9 +15,10 @@ import pytest
 from sinks import fill, tmpfs
 
 from rllog.errors import TransientError
-from rllog.records import AlertRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.sink import Batch
 from rllog_backends import parquet_store
-from rllog_backends.parquet import ParquetSink, read_alerts, read_metrics, read_table
+from rllog_backends.parquet import ParquetSink, read_metrics, read_table
 from rllog_backends.parquet_store import FAN_IN, PartStore
 
 
@@ -209,36 +210,22 @@ def small_disk(tmp_path):
         yield disk
 
 
-@pytest.mark.parametrize("retry", ["same call", "one by one"])
-def test_a_call_retried_after_a_full_disk_stores_its_metrics_once(small_disk, retry):
+def test_a_call_that_failed_on_a_full_disk_stores_its_metrics_once(small_disk):
+    """The rows a failed flush keeps buffered were taken (rllog.sink.took): the delivery layer sends none again,
+    and the next flush stores each once."""
     run = small_disk / "run"
     sink = open_sink(run)
     sink.write_metrics([])  # the metrics directory exists
     records = [MetricsRecord(seq=i + 1, step=i, time=0.0, values={f"k{j}": float(j) for j in range(100)}) for i in range(1000)]
+    batch = Batch(records)
     filler = fill(small_disk)
     with pytest.raises(TransientError):
-        sink.write_metrics(records)  # 100,000 rows: flushed at once, on the full disk; the rows stay buffered
+        sink.write_metrics(batch)  # 100,000 rows: flushed at once, on the full disk; the rows stay buffered
     filler.unlink()
-    if retry == "same call":  # what the delivery follower does with a TransientError
-        sink.write_metrics(records)
-    else:  # what it does after a call failed otherwise: the same records, one call each
-        for record in records:
-            sink.write_metrics([record])
+    assert len(batch.drop_taken()) == 1000 and not batch  # every record was buffered: none is handed over again
     sink.close("finished")
     rows = read_metrics(run)
     assert metric_rows(rows) == [(r.seq, k, v) for r in records for k, v in r.values.items()]
-
-
-def test_a_table_or_alert_written_again_before_the_flush_is_stored_once(tmp_path):
-    run = tmp_path / "run"
-    sink = open_sink(run)
-    alert = AlertRecord(seq=2, step=0, time=0.0, rule="r", metric="loss", value=1.0, message="m")
-    for _ in range(2):  # a call repeated by the delivery layer while the record is buffered
-        sink.write_table(chunked_table())
-        sink.write_alert(alert)
-    sink.close("finished")
-    assert read_table(run, "t").column("x").to_pylist() == [1, 2, 3, 4, 5, 6]
-    assert read_alerts(run).column("seq").to_pylist() == [2]
 
 
 def files_open_under(directory: Path) -> int:

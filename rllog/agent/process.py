@@ -25,7 +25,7 @@ from rllog import settings
 from rllog.agent.launch import EXIT_SINKS_FAILED, launch
 from rllog.agent.placement import FROZEN_STATES, process_state
 from rllog.agent.standby import register_agent, take_standby
-from rllog.delivery import RETRY_NOTE, CursorStore, SinkState
+from rllog.delivery import RETRY_NOTE, CursorStore, SinkState, notices
 from rllog.rundir import AGENT_LOG
 from rllog.settings import KILL_WAIT_SECONDS, STOP_GRACE_SECONDS
 
@@ -105,10 +105,14 @@ class AgentProcess:
         self._samples: Any = None  # system_metrics.SampleReader of the current agent
         self.options = options or {}
         self.sink_names = list(sink_names if sink_names is not None else self.options)
+        self._cursors = {name: CursorStore(self.run_dir, name) for name in self.sink_names}
+        self._cursor_stamps: dict[str, tuple[int, int]] = {}  # sink -> (mtime, size) of its cursor file when last read
         self._told_failed: set[str] = set()
+        self._told_dead_letters: set[str] = set()
         self._retrying: dict[str, str] = {}  # sink -> the retry note its cursor held at the last check
         self._told_retrying: set[str] = set()
-        self._next_sink_check = 0.0
+        self._next_retry_check = 0.0
+        self.cursor_checks = 0  # looks at the cursors so far (every POLL_SECONDS)
         self.budget = budget or RestartBudget()
         self._say = on_stderr or (lambda text: print(text, file=sys.stderr, flush=True))
         self.proc: subprocess.Popen | None = None
@@ -232,25 +236,39 @@ class AgentProcess:
 
     SINK_CHECK_SECONDS = settings.SINK_CHECK_SECONDS
 
-    def _check_sinks(self) -> None:
-        """Say on stderr, once per sink, when a sink fails (its records stay pending for replay), and when its
-        cursor says it has been retrying one error since the previous check (a tracker down, no descriptor left)."""
-
-        for name in self.sink_names:
+    def _check_sinks(self, retry_notes: bool = True) -> None:
+        """Say on stderr, once per sink, when a sink fails (its records stay pending for replay) or rejects its
+        first record for good (dead letters), as soon as its cursor file says so: looked at every
+        :attr:`POLL_SECONDS`, read again only when it changed. With ``retry_notes`` (every
+        :attr:`SINK_CHECK_SECONDS`: every cursor is read), also when it has been retrying one error since the
+        previous such check (a tracker down, no descriptor left)."""
+        for name, store in self._cursors.items():
             if name in self._told_failed:
                 continue
-            cursor = CursorStore(self.run_dir, name).load()
+            try:
+                stat = os.stat(store.path)
+            except OSError:  # no deliverer has started yet
+                continue
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            if stamp == self._cursor_stamps.get(name) and not retry_notes:
+                continue
+            self._cursor_stamps[name] = stamp
+            cursor = store.load()
+            if cursor.dead_letter_count and name not in self._told_dead_letters:
+                self._told_dead_letters.add(name)
+                first = cursor.dead_letters[0] if cursor.dead_letters else {}
+                seq, step, error = first.get("seq", 0), first.get("step", 0), first.get("error", "")
+                self._say(notices.dead_lettering(name, seq, step, error, self.run_dir))
             if cursor.state in SinkState.BROKEN:
                 self._told_failed.add(name)
-                self._say(
-                    f"rllog: delivery to {name!r} failed ({cursor.error}); its records stay in the journal "
-                    f"({self.run_dir}): `rllog replay {self.run_dir} --to {name}` once the cause is fixed"
-                )
+                self._say(notices.failed(name, cursor.error, self.run_dir))
+                continue
+            if not retry_notes:
                 continue
             note = cursor.error if cursor.state == SinkState.RUNNING and (cursor.error or "").startswith(RETRY_NOTE) else None
             if note is not None and self._retrying.get(name) == note and name not in self._told_retrying:
                 self._told_retrying.add(name)
-                self._say(f"rllog: delivery to {name!r} is waiting, {note}; its records stay in the journal ({self.run_dir})")
+                self._say(notices.waiting(name, note, self.run_dir))
             self._retrying[name] = note or ""
 
     def _read_samples(self) -> None:
@@ -265,12 +283,14 @@ class AgentProcess:
     def _watch(self) -> None:
         while not self._stopping.wait(self.POLL_SECONDS):
             self._read_samples()
-            if time.monotonic() >= self._next_sink_check:
-                self._next_sink_check = time.monotonic() + self.SINK_CHECK_SECONDS
-                try:
-                    self._check_sinks()
-                except Exception as exc:  # the watcher must outlive anything a cursor file holds
-                    log.debug("rllog: checking the sinks' cursors failed: %s", exc)
+            retry_notes = time.monotonic() >= self._next_retry_check
+            if retry_notes:
+                self._next_retry_check = time.monotonic() + self.SINK_CHECK_SECONDS
+            try:
+                self._check_sinks(retry_notes)
+            except Exception as exc:  # the watcher must outlive anything a cursor file holds
+                log.debug("rllog: checking the sinks' cursors failed: %s", exc)
+            self.cursor_checks += 1
             proc = self.proc
             if proc is None or proc.poll() is None:
                 continue

@@ -138,10 +138,9 @@ class SinkCalls:
         try:
             call(batch)
         except BaseException:
-            taken = [r for r in batch if r.seq <= batch.taken_seq]
+            taken = batch.drop_taken()
             if taken:
                 self._book_taken({r.seq for r in taken})
-                batch[:] = [r for r in batch if r.seq > batch.taken_seq]
             raise
 
     def _book_taken(self, seqs: set[int]) -> None:
@@ -163,8 +162,8 @@ class SinkCalls:
             log.error("rllog: sink %r failed: %s", self.name, self.error)
             self._keep_what_the_sink_holds()
             self._advance()
+            self._say_failed()  # before the cursor says it: whoever sees the cursor failed finds it said
             self._save(SinkState.FAILED)
-            self._say_failed()
             return False
         return True
 
@@ -242,9 +241,9 @@ class SinkCalls:
         log.error("rllog: sink %r %s at seq %d: %s", self.name, state.replace("_", " "), self.ledger.seq, self.error)
         if state in SinkState.BROKEN or state == SinkState.STOPPED:
             self._keep_what_the_sink_holds()
-        self._save(state)
         if state in SinkState.BROKEN:
             self._say_failed()
+        self._save(state)
         return self.error
 
     def _keep_what_the_sink_holds(self) -> None:

@@ -391,8 +391,8 @@ class Follower(SinkCalls):
         if self._suspects:  # rejected, and no later record was taken to show the sink works: they stay pending
             record, error = self._suspects[-1]
             self.error = f"{len(self._suspects)} records rejected at the end of the journal (last: seq {record.seq}): {error}"
+            self._say_failed()  # before the cursor says it: whoever sees the cursor failed finds it said
             self._save(SinkState.FAILED)
-            self._say_failed()
             return
         self._save(SinkState.CLOSED)
 
