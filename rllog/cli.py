@@ -270,10 +270,9 @@ def cmd_replay(args) -> int:
     from rllog.agent import serve
     from rllog.errors import SinkBusy
     from rllog.registry import resolve
-    from rllog.rundir import RUN_FILE, report
+    from rllog.rundir import report
 
-    if not (Path(args.run_dir) / RUN_FILE).is_file():
-        raise CliError(f"{args.run_dir} holds no rllog run; `rllog runs DIR` lists the runs under a folder")
+    args.run_dir = resolve_run(args.run_dir)
     names = [resolve(n).name for n in args.to.split(",") if n.strip()]
     before = report(args.run_dir, names)
     total = before.records
@@ -339,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smooth", type=float, default=0.0, help="exponential smoothing weight in [0, 1), as TensorBoard's")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("replay", help="deliver a run's journal to backends from each one's cursor")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?", default=None, help="a run directory, or a folder of runs (default: the latest run)")
     p.add_argument("--to", required=True, help="backend names, comma-separated")
     p.set_defaults(func=cmd_replay)
     sub.add_parser("backends", help="list built-in and entry-point backends, installed or not").set_defaults(func=cmd_backends)
