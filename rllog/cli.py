@@ -176,12 +176,31 @@ def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
             + ")"
         )
         console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] {counts}{error}")
+        where = _tracker_location(Path(run_dir), r.name)
+        if where:
+            console.print(f"  data: {escape(where)}")
         for letter in r.dead_letter_list[:10]:
             console.print(
                 f"  [red]dead letter[/red] seq {letter['seq']} step {letter['step']} ({letter['kind']}): {escape(str(letter['error']))}"
             )
     if delivery.journal_damage:
         console.print(f"[red]journal:[/red] {delivery.journal_damage.describe()}")
+
+
+def _tracker_location(run_dir: Path, sink: str) -> str:
+    """Where a tracker keeps this run (its logdir, run id, URI...), as its backend remembered it in
+    ``RUN_DIR/trackers/<sink>.json``; "" when it remembered nothing."""
+    import json
+
+    from rllog_backends._conventions import REMEMBERED_DIR
+
+    try:
+        remembered = json.loads((run_dir / REMEMBERED_DIR / f"{sink}.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(remembered, dict):
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in remembered.items() if k != "rllog_run_id" and v not in (None, ""))
 
 
 def _print_metrics(s: RunSummary) -> None:
@@ -270,10 +289,9 @@ def cmd_replay(args) -> int:
     from rllog.agent import serve
     from rllog.errors import SinkBusy
     from rllog.registry import resolve
-    from rllog.rundir import RUN_FILE, report
+    from rllog.rundir import report
 
-    if not (Path(args.run_dir) / RUN_FILE).is_file():
-        raise CliError(f"{args.run_dir} holds no rllog run; `rllog runs DIR` lists the runs under a folder")
+    args.run_dir = resolve_run(args.run_dir)
     names = [resolve(n).name for n in args.to.split(",") if n.strip()]
     before = report(args.run_dir, names)
     total = before.records
@@ -339,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smooth", type=float, default=0.0, help="exponential smoothing weight in [0, 1), as TensorBoard's")
     p.set_defaults(func=cmd_plot)
     p = sub.add_parser("replay", help="deliver a run's journal to backends from each one's cursor")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="?", default=None, help="a run directory, or a folder of runs (default: the latest run)")
     p.add_argument("--to", required=True, help="backend names, comma-separated")
     p.set_defaults(func=cmd_replay)
     sub.add_parser("backends", help="list built-in and entry-point backends, installed or not").set_defaults(func=cmd_backends)

@@ -3,13 +3,21 @@
 By default it is a real tiny GRPO training with TRL (a tiny local Qwen2 model built on the spot, on the
 CPU, no hub); ``simulated=True`` (``--simulate``) writes GRPO-shaped metrics without TRL. :func:`run_demo`
 returns what it made (:class:`DemoResult`); the ``rllog demo`` command shows it.
+
+The demo shows rllog, not its libraries: while it trains, transformers', TRL's and the hub's warnings and progress
+bars are off and the trainer prints no log dicts (:func:`quiet_libraries`); one progress bar shows the steps, and
+rllog's messages (health alerts) are printed above it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import random
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,8 +116,56 @@ def run_demo(
         simulate(run, steps)
         report, run_dir = run.finish(), run.run_dir
     else:
-        run_dir, report = train_tiny_grpo(steps=steps, report_to=report_to or "parquet", run_dir=run_dir)
+        with quiet_libraries(), progress_display() as progress:
+            run_dir, report = train_tiny_grpo(steps=steps, report_to=report_to or "parquet", run_dir=run_dir, progress=progress)
     return DemoResult(Path(run_dir), report, summarise(run_dir), plot_run(run_dir))
+
+
+# What the demo silences while it trains: each is printed every step (or once per run) by a library, and says
+# nothing about rllog. The filters apply to the demo only; a user's own training keeps its warnings.
+QUIET_WARNING_MODULES = r"(transformers|trl|accelerate|torch|datasets|huggingface_hub)(\.|$)"
+
+
+@contextlib.contextmanager
+def quiet_libraries() -> Iterator[None]:
+    """transformers', TRL's and the hub's warnings, info lines and progress bars off, for the block."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "Comet API Key is not configured" and the like
+    hf_logging.disable_progress_bar()  # loading and writing weights
+    datasets.disable_progress_bars()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)  # deprecations repeated every step
+            warnings.filterwarnings("ignore", category=UserWarning, module=QUIET_WARNING_MODULES)
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+
+
+@contextlib.contextmanager
+def progress_display() -> Iterator[Any]:
+    """One progress bar (rich, on stderr); rllog's log messages (health alerts, delivery warnings) are printed above
+    it rather than into it."""
+    from rich.logging import RichHandler
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
+    logger = logging.getLogger("rllog")
+    handler = RichHandler(console=progress.console, show_time=False, show_path=False, markup=False)
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False  # the root logger's handler would print the same message into the bar
+    try:
+        with progress:
+            yield progress
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 # --- the real tiny GRPO run ---------------------------------------------------------------------
@@ -222,9 +278,13 @@ def make_grpo_trainer(model_dir: str, output_dir: str, steps: int, report_to: An
 
 
 def train_tiny_grpo(
-    steps: int = 40, report_to: Any = "parquet", run_dir: str | os.PathLike | None = None
+    steps: int = 40, report_to: Any = "parquet", run_dir: str | os.PathLike | None = None, progress: Any = None
 ) -> tuple[Path, rllog.FinishReport]:
-    """Train the tiny model with GRPO for ``steps`` steps, logging through rllog; returns (run_dir, report)."""
+    """Train the tiny model with GRPO for ``steps`` steps, logging through rllog; returns (run_dir, report).
+
+    Args:
+        progress: a ``rich.progress.Progress`` to show the steps in, instead of the trainer's own bar and log dicts.
+    """
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -232,6 +292,24 @@ def train_tiny_grpo(
         names = [n for n in (report_to or "parquet").split(",") if n]
         options = {"project": "rllog-demo", "name": "tiny-grpo", "run_dir": run_dir}
         trainer = make_grpo_trainer(model_dir, f"{tmp}/out", steps, report_to=names, rllog_options=options)
+        if progress is not None:
+            _show_steps_in(trainer, progress, steps)
         trainer.train()
         report = trainer.rllog_run.finish()
         return trainer.rllog_run.run_dir, report
+
+
+def _show_steps_in(trainer: Any, progress: Any, steps: int) -> None:
+    """Replace the trainer's progress bar and its printed log dicts with a task of ``progress``."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    task = progress.add_task("training", total=steps)
+
+    class StepProgress(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            progress.update(task, completed=state.global_step)
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StepProgress())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,9 @@ def test_runs_lists_every_run_and_show_takes_the_latest_or_a_parent_folder(runs_
     assert main(["show", str(runs_root / "first")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("rllog / first") and "steps: 0..11 (12 distinct)" in out
+    assert "sink tensorboard: delivered (12 delivered, 0 pending)\n  data: logdir=" in out
+    logdir = Path(out.split("data: logdir=")[1].split("\n")[0])
+    assert logdir.name == "first" and any(logdir.glob("events.out.tfevents.*"))  # where TensorBoard wrote the run
     metric_rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") == 7]
     assert metric_rows == ["reward", "kl", "learning_rate"]  # the catalog's crucial metrics first, then by name
 
