@@ -29,7 +29,7 @@ import long_run
 import profiles
 import scaling
 import syncs
-from harness import fmt, fmt_ratio, md_table, median, progress, ratio, verdict
+from harness import fmt, fmt_ratio, git_commit, md_table, median, progress, ratio, verdict
 
 DOCS = harness.ROOT / "docs"
 SECTIONS = {
@@ -41,26 +41,6 @@ SECTIONS = {
     "syncs": syncs,
     "long_run": long_run,
 }
-
-
-def git_commit() -> str:
-    """The commit measured, and whether rllog's code differed from it."""
-    import subprocess
-
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=harness.ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "rllog", "rllog_backends"],
-            cwd=harness.ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + (" (with uncommitted changes in rllog/)" if dirty else "") if head else "unknown"
 
 
 def all_targets(results: dict) -> list[dict]:
