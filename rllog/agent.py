@@ -350,12 +350,28 @@ def _last_line(path: Path) -> str:
         return ""
 
 
+# Runs the module named by its first argument at idle CPU priority from the agent's first instruction: the
+# interpreter's start-up and ``import rllog`` (pyarrow among it; ~0.5 s of CPU) come before ``main`` could lower it,
+# and on cores that training keeps busy that time came out of training. The module's name stays an argument of its
+# own, so the agent is found by ``rllog.agent`` in its command line as with ``-m``.
+IDLE_FROM_EXEC = (
+    "import os, runpy, sys\n"
+    "try:\n"
+    "    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "except (AttributeError, OSError):\n"
+    "    pass\n"
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
+)
+
+
 def _launch(args: list[str], log_path: Path, system_interval: float | None) -> tuple[subprocess.Popen, int | None]:
-    """Start ``python -m rllog.agent ARGS`` for this trainer; returns the process and the read end of its
-    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way."""
+    """Start ``python -m rllog.agent ARGS`` for this trainer (at idle priority from its start, see
+    :data:`IDLE_FROM_EXEC`); returns the process and the read end of its system-metrics pipe (None without system
+    metrics). Its stdin is a pipe: what it delivers comes that way."""
     console_fd = _trainer_stdout()
     env = dict(os.environ)
-    command = [sys.executable, "-m", "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
+    start = ["-c", IDLE_FROM_EXEC] if settings.AGENT_PRIORITY.get() == "idle" else ["-m"]
+    command = [sys.executable, *start, "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
     passed = []
     if console_fd is not None:
         env[CONSOLE_FD_ENV] = str(console_fd)
@@ -663,6 +679,11 @@ class PriorityGovernor:
 
     def _run(self) -> None:
         self._own_tid = threading.get_native_id()
+        if self._idle_mode:  # started by an idle thread (the agent starts idle): this one must always get to decide
+            try:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
         self._set(True)
         while True:
             self._place()
