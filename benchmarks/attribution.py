@@ -277,7 +277,8 @@ def case_startup(params: dict, workdir: Path) -> dict:
         if cpu is None or policy is None:
             break
         samples.append((time.monotonic(), cpu, policy))
-        if len(samples) > 1 and samples[-1][1] == samples[-2][1] and policy == IDLE_POLICY and cpu > 1.0:
+        moved = [s for s in samples if s[1] != cpu]
+        if policy == IDLE_POLICY and moved and samples[-1][0] - max(s[0] for s in moved) > STARTUP_SETTLED_S:
             break  # imports done (its CPU stopped moving), at idle priority
         time.sleep(STARTUP_SAMPLE_S)
     first_idle = next((s for s in samples if s[2] == IDLE_POLICY), None)
@@ -294,6 +295,7 @@ def case_startup(params: dict, workdir: Path) -> dict:
 
 
 STARTUP_SAMPLE_S = 0.002  # policy and CPU of the starting agent read this often (a clock tick is 10 ms)
+STARTUP_SETTLED_S = 1.0  # a standby whose CPU time has not moved for this long has done its imports
 IDLE_POLICY = 5  # SCHED_IDLE, as /proc/PID/sched prints it
 
 

@@ -13,7 +13,12 @@ step 3 to the end of training: tracker set-up (transformers' callbacks run ``wan
 ``on_train_begin``) and the first steps' warm-up are outside it; every step's logging from step 3 on is
 inside it. ``train()`` as a whole is reported too.
 
+Then a user's script, start to end, one fresh process per training, both ways torch can run (issue 34): (i) pinned to
+one thread with a core to spare (the GPU-like case, where the agent finds idle cycles) and (ii) torch's default
+threads on every core (a CPU script as written, where it does not).
+
     .venv/bin/python benchmarks/end_to_end.py [--quick]
+    .venv/bin/python benchmarks/end_to_end.py --fresh-only [--rounds N] [--write-doc]   # only (i) and (ii)
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One command, no network (every tracker offline, the model built from a config with random weights, nothing
 downloaded)::
 
-    .venv/bin/python benchmarks/gpu.py            # on a CUDA machine: a ~85M-parameter Qwen2, bf16
+    .venv/bin/python benchmarks/gpu.py            # on a CUDA machine: a ~76M-parameter Qwen2, bf16
     .venv/bin/python benchmarks/gpu.py --smoke    # on CPU, the demo's tiny model, a few steps: a check that it runs
 
 In one process, after an untimed warm-up training, round after round in a rotated order:
@@ -45,7 +45,7 @@ CONFIGS = {
     "five": "rllog mixin, five trackers + parquet",
     "callbacks": "transformers' callbacks, the five trackers",
 }
-# A model that keeps an H100 busy at these batch sizes: ~85M parameters (12 layers of 768), bf16.
+# A model that keeps an H100 busy at these batch sizes: ~76M parameters (12 layers of 768), bf16.
 GPU_MODEL = {
     "hidden_size": 768,
     "intermediate_size": 2048,
@@ -60,7 +60,9 @@ GPU_TRAINING = {
     "use_cpu": False,
     "bf16": True,
 }
-GPU_STEPS, GPU_ROUNDS = 40, 3  # ~0.3-0.5 s a step: about 8 minutes on an H100 with start-up
+# Estimated (no GPU was at hand to time it): ~0.3-0.5 s a step on an H100, ~8 minutes with start-up: one call of a
+# 10-minute device slot.
+GPU_STEPS, GPU_ROUNDS = 40, 3
 # The smoke run: CPU, the demo's tiny model, cheap trackers only (tensorboard's import is ~0.3 s), so that the test
 # suite runs every code path of this module in seconds.
 SMOKE_TRACKERS = ["tensorboard"]
@@ -77,7 +79,15 @@ def build_model(directory: Path, smoke: bool) -> tuple[str, int]:
     path = demo.build_tiny_model(str(directory))  # the tokenizer, and the tiny model (kept for --smoke)
     if not smoke:
         tiny = Qwen2Config.from_pretrained(path)
-        config = Qwen2Config(**(tiny.to_dict() | GPU_MODEL))
+        config = Qwen2Config(
+            vocab_size=tiny.vocab_size,
+            max_position_embeddings=tiny.max_position_embeddings,
+            pad_token_id=tiny.pad_token_id,
+            eos_token_id=tiny.eos_token_id,
+            bos_token_id=None,
+            tie_word_embeddings=True,
+            **GPU_MODEL,
+        )
         torch.manual_seed(0)
         AutoModelForCausalLM.from_config(config).save_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import drain
 import end_to_end
+import gpu
 import harness
 import hot_path
 import interference
@@ -613,8 +614,26 @@ def main() -> int:
     return write(results, meta, args.no_docs)
 
 
+# Parts of docs/benchmarks.md that other commands write (``gpu.py``) or that are written by hand (what was measured
+# when every core is busy): a regenerated page keeps them as they are.
+KEPT_PARTS = [
+    (gpu.SECTION_BEGIN, gpu.SECTION_END),
+    ("<!-- every core busy (begin) -->", "<!-- every core busy (end) -->"),
+]
+
+
+def keep_parts(text: str, old: str) -> str:
+    """``text`` with the :data:`KEPT_PARTS` of ``old`` (the page it replaces) put back."""
+    for begin, end in KEPT_PARTS:
+        if begin in old and end in old:
+            part = old.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+            text = end_to_end.replace_doc_part(text, begin, end, part)
+    return text
+
+
 def write(results: dict, meta: dict, no_docs: bool) -> int:
-    text = page(results, meta)
+    page_path = DOCS / "benchmarks.md"
+    text = keep_parts(page(results, meta), page_path.read_text() if page_path.exists() else "")
     if not no_docs:
         (DOCS / "benchmarks.md").write_text(text + "\n")
         try:
