@@ -36,3 +36,16 @@ def test_gpu_benchmark_smoke_trains_every_configuration_and_writes_its_section(t
     assert "GRPO on a GPU" in section and "CPU" in section
     for label in gpu.CONFIGS.values():
         assert label in section
+
+
+def test_a_regenerated_page_keeps_the_parts_other_commands_wrote():
+    """``benchmarks/run.py`` rewrites docs/benchmarks.md whole; the GPU section (written on another machine) and the
+    hand-written notes must survive it."""
+    import run
+
+    begin, end = run.KEPT_PARTS[1]
+    old = f"# Benchmarks\n\nold tables\n\n{gpu.SECTION_BEGIN}\nGPU figures\n{gpu.SECTION_END}\n\n{begin}\nnotes\n{end}\n"
+    page = run.keep_parts("# Benchmarks\n\nnew tables\n", old)
+    assert "new tables" in page and "old tables" not in page
+    assert page.count("GPU figures") == 1 and page.count("notes") == 1 and page.count(gpu.SECTION_BEGIN) == 1
+    assert run.keep_parts(page, page) == page  # nothing is added twice
