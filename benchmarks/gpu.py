@@ -348,7 +348,7 @@ def main() -> int:
     if doc is not None:
         import end_to_end
 
-        section = f"## GRPO on a GPU (`benchmarks/gpu.py`)\n\n{text}"
+        section = f"## 9. GRPO on a GPU (`benchmarks/gpu.py`)\n\n{text}"
         old = doc.read_text() if doc.exists() else ""
         doc.write_text(end_to_end.replace_doc_part(old, SECTION_BEGIN, SECTION_END, section))
     return 0
