@@ -13,13 +13,20 @@ step 3 to the end of training: tracker set-up (transformers' callbacks run ``wan
 ``on_train_begin``) and the first steps' warm-up are outside it; every step's logging from step 3 on is
 inside it. ``train()`` as a whole is reported too.
 
+Then a user's script, start to end, one fresh process per training, both ways torch can run (issue 34): (i) pinned to
+one thread with a core to spare (the GPU-like case, where the agent finds idle cycles) and (ii) torch's default
+threads on every core (a CPU script as written, where it does not).
+
     .venv/bin/python benchmarks/end_to_end.py [--quick]
+    .venv/bin/python benchmarks/end_to_end.py --fresh-only [--rounds N] [--write-doc]   # only (i) and (ii)
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import sys
 import threading
 import time
 import weakref
@@ -260,7 +267,8 @@ def _setup(params: dict, workdir: Path):
 
     from rllog import demo
 
-    torch.set_num_threads(1)
+    if params.get("threads", "one") == "one":
+        torch.set_num_threads(1)
     counter = SyncCounter() if params.get("count_syncs") else None
     return demo.build_tiny_model(str(workdir / "model")), counter
 
@@ -326,28 +334,199 @@ def whole_ratios(whole: dict, key: str = "c0", measure: str = "train_s") -> dict
     return out
 
 
-FRESH_ROUNDS = 9  # a fresh 60-step training takes ~2 s; single rounds swing +-5% (7 rounds until 2026-11-25)
+FRESH_ROUNDS = 7  # a fresh 60-step training takes ~2 s; single rounds swing +-5%, so a median needs several
 FRESH = {
     "a": {"mode": "none"},
     "c0p": {"mode": "rllog", "delivery": "process", "warm": False, "prepare": True},
+    "cpp": {"mode": "rllog", "delivery": "process", "warm": False, "prepare": True, "sinks": ["parquet"]},
+}
+FRESH_LABELS = {
+    "a": 'report_to="none"',
+    "c0p": "five trackers + parquet, `rllog.prepare` at the top",
+    "cpp": "parquet alone, `rllog.prepare` at the top",
+}
+THREADS_LABELS = {
+    "one": "(i) torch on one thread, a spare core (the GPU-like case)",
+    "default": "(ii) torch's default threads on every core (a CPU script as written)",
+}
+# Issue 34's targets, per torch threading: configuration -> {steps (None: any) -> highest train() / (a) train()}.
+FRESH_TARGETS = {
+    "one": {"c0p": {None: 1.03}, "cpp": {None: 1.03}},
+    "default": {"c0p": {60: 1.15, 240: 1.10}, "cpp": {None: 1.03}},
 }
 
 
-def fresh_processes(lengths: list[int], rounds: int, tmp: Path) -> dict:
+def fresh_processes(
+    lengths: list[int], rounds: int, tmp: Path, threads_modes: tuple[str, ...] = ("one",), keys: tuple[str, ...] = ("a", "c0p")
+) -> dict:
     """A user's script, start to end: each training in a fresh process that imports torch and TRL, builds the model
-    and the trainer, trains and finishes; (a) ``report_to="none"`` against (c0p) the mixin with five trackers +
-    parquet and ``rllog.prepare`` at the top of the script, interleaved over ``rounds``."""
+    and the trainer, trains and finishes; ``keys`` (``FRESH``: (a) ``report_to="none"``, the mixin with five trackers
+    + parquet, the mixin with parquet alone) interleaved over ``rounds``, the order rotated each round, for each torch
+    threading of ``threads_modes`` (``"one"``: pinned to one thread; ``"default"``: torch's defaults, every core)."""
     runs = []
-    for steps in lengths:
-        for round_ in range(rounds):
-            for key in ("a", "c0p") if round_ % 2 == 0 else ("c0p", "a"):
-                progress(f"end to end, fresh process: {key}, {steps} steps, round {round_}")
-                result = run_case(SCRIPT, "grpo", FRESH[key] | {"steps": steps}, tmp, timeout=900)
-                runs.append({"key": key, "round": round_, "steps": steps, **result})
+    for threads in threads_modes:
+        for steps in lengths:
+            for round_ in range(rounds):
+                shift = round_ % len(keys)
+                order = keys[shift:] + keys[:shift]
+                for key in order if round_ % 2 == 0 else tuple(reversed(order)):
+                    progress(f"end to end, fresh process, threads={threads}: {key}, {steps} steps, round {round_}")
+                    params = FRESH[key] | {"steps": steps, "threads": threads}
+                    result = run_case(SCRIPT, "grpo", params, tmp, timeout=900, threads=threads)
+                    runs.append({"key": key, "round": round_, "steps": steps, "threads": threads, **result})
     return {"runs": runs}
 
 
+def fresh_ratios(fresh: dict, threads: str, key: str, measure: str) -> dict[int, list[float]]:
+    """Per length: ``key``'s ``measure`` / (a)'s in the same round, for one torch threading."""
+    runs = [r for r in fresh.get("runs", []) if r.get("threads", "one") == threads]
+    return whole_ratios({"runs": runs}, key, measure)
+
+
+def render_both_ways(fresh: dict) -> str:
+    """The fresh-process comparison for each torch threading: seconds (medians) and ratios to (a) round by round."""
+    rows = []
+    for threads, threads_label in THREADS_LABELS.items():
+        runs = [r for r in fresh.get("runs", []) if r.get("threads", "one") == threads and "error" not in r]
+        for steps in sorted({r["steps"] for r in runs}):
+            for key in FRESH:
+                mine = [r for r in runs if r["key"] == key and r["steps"] == steps]
+                if not mine:
+                    continue
+                train = fresh_ratios(fresh, threads, key, "train_s").get(steps, [])
+                whole = fresh_ratios(fresh, threads, key, "process_wall_s").get(steps, [])
+                rows.append(
+                    [
+                        threads_label,
+                        steps,
+                        FRESH_LABELS[key],
+                        median([r["train_s"] for r in mine]),
+                        fmt_ratio(median(train)) if train else "",
+                        ", ".join(f"{x:.2f}" for x in train),
+                        median([r.get("process_wall_s") for r in mine]),
+                        fmt_ratio(median(whole)) if whole else "",
+                        median([r.get("step_median_ms") for r in mine]),
+                        median([r.get("finish_s") for r in mine]),
+                        len(mine),
+                    ]
+                )
+    return md_table(
+        [
+            "torch threads",
+            "steps",
+            "configuration",
+            "train() s",
+            "train() / (a)",
+            "per round",
+            "whole script s",
+            "script / (a)",
+            "median step ms",
+            "finish s",
+            "runs",
+        ],
+        rows,
+    )
+
+
+def fresh_targets(fresh: dict) -> list[dict]:
+    """Issue 34's targets for ``train()`` (start-up included, fresh processes), per torch threading."""
+    out = []
+    for threads, by_key in FRESH_TARGETS.items():
+        for key, limits in by_key.items():
+            for steps, ratios in sorted(fresh_ratios(fresh, threads, key, "train_s").items()):
+                limit = limits.get(steps, limits.get(None))
+                if limit is None:
+                    continue
+                m = median(ratios)
+                out.append(
+                    {
+                        "what": f"fresh process, {THREADS_LABELS[threads].split(' (')[0]}: train() with {FRESH_LABELS[key]}, "
+                        f"{steps} steps / (a) none",
+                        "target": f"<= {limit}x",
+                        "measured": fmt_ratio(m) + " (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")",
+                        "met": m <= limit,
+                    }
+                )
+    return out
+
+
 CASES = {"grpo": case_grpo, "series": case_series, "whole": case_whole}
+
+# The fresh-process comparison is a marked part of docs/benchmarks.md, so that ``--fresh-only --write-doc`` can
+# refresh it alone (on a quiet machine) without the rest of the page.
+BOTH_WAYS_BEGIN = "<!-- end_to_end: fresh processes, both torch threadings (begin) -->"
+BOTH_WAYS_END = "<!-- end_to_end: fresh processes, both torch threadings (end) -->"
+
+
+def render_fresh(fresh: dict) -> str:
+    """The fresh-process part: both torch threadings side by side, which one to expect where, and its targets."""
+    when = fresh.get("measured", "")
+    return "\n".join(
+        [
+            f"**Fresh processes, both torch threadings**{' (' + when + ')' if when else ''}: a user's script, start to end "
+            "(imports, the model, the trainer, `train()`, `finish`), one process per training, the configurations "
+            "interleaved round by round. `train()` includes the start-up of delivery; `whole script` is the process's "
+            "wall time. Which one to expect: on a GPU, training leaves the CPUs mostly idle, so the agent has a core, "
+            "as in (i); a CPU-bound script that lets torch use every core is (ii), where the agent's work (imports, "
+            "opening the trackers, each step's writes) takes CPU from training unless it finds idle cycles; "
+            "`benchmarks/attribution.py` says where those seconds go.",
+            "",
+            render_both_ways(fresh),
+            "",
+            md_table(
+                ["target", "wanted", "measured", "result"],
+                [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in fresh_targets(fresh)],
+            ),
+        ]
+    )
+
+
+def replace_doc_part(text: str, begin: str, end: str, part: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``part`` (appended, with its
+    markers, when the text has none)."""
+    block = f"{begin}\n{part}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        return head + block + rest.split(end, 1)[1]
+    return text.rstrip("\n") + "\n\n" + block + "\n"
+
+
+def main() -> None:
+    """``--fresh-only``: just the fresh-process comparison, both torch threadings (``--write-doc``: into its part of
+    docs/benchmarks.md); otherwise the whole section, as ``benchmarks/run.py`` runs it."""
+    import argparse
+    import datetime
+    import tempfile
+
+    if "--worker" in sys.argv:
+        harness.worker_main(CASES)
+        return
+    parser = argparse.ArgumentParser(description=(__doc__ or "").strip().splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round of 60 steps (a check that it runs, not a figure)")
+    parser.add_argument("--fresh-only", action="store_true", help="only the fresh-process comparison, both torch threadings")
+    parser.add_argument("--rounds", type=int, default=None, help=f"rounds per length with --fresh-only (default {FRESH_ROUNDS})")
+    parser.add_argument("--write-doc", action="store_true", help="with --fresh-only: write it into docs/benchmarks.md")
+    parser.add_argument("--json", help="also write the raw results here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
+        if args.fresh_only:
+            lengths = [60] if args.quick else [60, 240]
+            rounds = args.rounds or (1 if args.quick else FRESH_ROUNDS)
+            results = fresh_processes(lengths, rounds, Path(tmp), harness.THREAD_MODES, tuple(FRESH))
+            load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+            results["measured"] = (
+                f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, load average {load} at the end"
+            )
+            text = render_fresh(results)
+        else:
+            results = run(args.quick, Path(tmp))
+            text = render(results)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+    if args.write_doc and args.fresh_only:
+        doc = harness.ROOT / "docs" / "benchmarks.md"
+        doc.write_text(replace_doc_part(doc.read_text(), BOTH_WAYS_BEGIN, BOTH_WAYS_END, text))
 
 
 def plan(quick: bool) -> list[tuple[str, int]]:
@@ -374,7 +553,7 @@ def run(quick: bool, tmp: Path) -> dict:
     progress(f"end to end, whole train() with start-up: (a) and (c, cold) at {lengths} steps, {rounds} round(s)")
     whole = run_case(SCRIPT, "whole", {"lengths": lengths, "rounds": rounds}, tmp, timeout=3600)
     # Fresh processes are what users run, and this machine's run-to-run noise (+-15%) needs more rounds there.
-    fresh = fresh_processes(lengths, rounds if quick else FRESH_ROUNDS, tmp)
+    fresh = fresh_processes(lengths, rounds if quick else FRESH_ROUNDS, tmp, harness.THREAD_MODES, tuple(FRESH))
     return {"steps": steps, "rounds": 1 + max(r for _, r in order), "runs": runs, "order": order, "whole": whole, "fresh": fresh}
 
 
@@ -429,7 +608,10 @@ def targets(results: dict) -> list[dict]:
         ("fresh", "c0p", "process_wall_s", "the whole script (imports, model, train(), finish), fresh process: (c0p)"),
     ]
     for part, key, measure, what in whole:
-        for steps, ratios in sorted(whole_ratios(results.get(part, {}), key, measure).items()):
+        measured = results.get(part, {})
+        if part == "fresh":  # these targets are the pinned case's; fresh_targets covers both
+            measured = {"runs": [r for r in measured.get("runs", []) if r.get("threads", "one") == "one"]}
+        for steps, ratios in sorted(whole_ratios(measured, key, measure).items()):
             m = median(ratios)
             out.append(
                 {
@@ -439,7 +621,7 @@ def targets(results: dict) -> list[dict]:
                     "met": m <= TARGET,
                 }
             )
-    return out
+    return out + fresh_targets(results.get("fresh", {}))
 
 
 # What was measured while choosing how to cut the start-up and per-step cost (2026-11-24, tiny GRPO, five trackers +
@@ -671,7 +853,7 @@ LEVERS = """Levers measured for the whole `train()` (tiny GRPO, five trackers + 
 def render_whole(results: dict) -> str:
     """Seconds per run of the start-up-included measurements, by length."""
     rows = []
-    for part, label in (("whole", "one process"), ("fresh", "fresh process")):
+    for part, label in (("whole", "one process"),):
         for run in results.get(part, {}).get("runs", []):
             if "error" in run:
                 rows.append([label, run["key"], run["steps"], run["round"], "error", "", "", "", "", "", ""])
@@ -775,11 +957,13 @@ def render(results: dict) -> str:
         f'Delivery in the agent process against `delivery="thread"`: (d) / (c) = {fmt_ratio(thread)} on the steady time '
         f"(design note, measured before the project existed: 2.0-2.4x in a thread, 1.0-1.2x from a second process).",
         "",
-        "Start-up included, per run: in one process (after the series above; the trainer is built just before "
-        "`train()`), and in a fresh process per training (a user's script: `rllog.prepare(...)` first, then torch, TRL, "
-        "the model and the trainer; `process s` is the whole script):",
+        "Start-up included, per run, in one process (after the series above; the trainer is built just before `train()`):",
         "",
         render_whole(results),
+        "",
+        BOTH_WAYS_BEGIN,
+        render_fresh(results.get("fresh", {})),
+        BOTH_WAYS_END,
         "",
         LEVERS,
         "",
@@ -792,4 +976,4 @@ def render(results: dict) -> str:
 
 
 if __name__ == "__main__":
-    harness.module_main(run, render, CASES, __doc__)
+    main()

@@ -107,21 +107,24 @@ class StepWork:
 
 # --- the environment every benchmark process runs in ------------------------------------------------
 
-OFFLINE = {
-    **OFFLINE_ENV,
-    "PYTHONWARNINGS": "ignore",
-    # one torch thread: the trainer gets one core, the delivery agent and the trackers the other
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
+# One torch thread: the trainer gets one core, the delivery agent and the trackers the other (the GPU-like case,
+# where training leaves the CPUs mostly idle). ``threads="default"`` leaves these out: torch then uses every core,
+# as a user's script does.
+PINNED_THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+THREAD_MODES = ("one", "default")
+OFFLINE = {**OFFLINE_ENV, "PYTHONWARNINGS": "ignore"}
 DROP = (*ONLINE_VARS, "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME")
 
 
-def offline_env(workdir: Path, plugins: bool = False) -> dict[str, str]:
-    """The environment of one benchmark process: offline trackers, all storage under ``workdir``."""
-    env = {k: v for k, v in os.environ.items() if k not in DROP}
+def offline_env(workdir: Path, plugins: bool = False, threads: str = "one") -> dict[str, str]:
+    """The environment of one benchmark process: offline trackers, all storage under ``workdir``; torch pinned to
+    one thread unless ``threads="default"``."""
+    if threads not in THREAD_MODES:
+        raise ValueError(f"threads must be one of {THREAD_MODES}, not {threads!r}")
+    env = {k: v for k, v in os.environ.items() if k not in DROP and k not in PINNED_THREADS}
     env.update(OFFLINE)
+    if threads == "one":
+        env.update(PINNED_THREADS)
     dirs = {
         "WANDB_DIR": "wandb_dir", "WANDB_CACHE_DIR": "wandb_cache", "WANDB_DATA_DIR": "wandb_data", "WANDB_CONFIG_DIR": "wandb_config",
         "TRACKIO_DIR": "trackio", "COMET_OFFLINE_DIRECTORY": "comet", "TENSORBOARD_LOGGING_DIR": "tensorboard", "RLLOG_DIR": "rllog_runs",
@@ -191,14 +194,16 @@ def run_case(
     timeout: float = 900.0,
     command: list[str] | None = None,
     env_extra: dict | None = None,
+    threads: str = "one",
 ) -> dict:
     """Run ``case`` of ``script`` in a fresh process (its own work dir under ``tmp``); return its JSON result.
 
+    ``threads``: ``"one"`` pins torch (and BLAS) to one thread, ``"default"`` leaves torch's defaults (every core).
     A case that fails returns ``{"error": ...}`` (the tail of its output) instead of stopping the benchmarks.
     """
     workdir = Path(tempfile.mkdtemp(prefix=f"{case}-", dir=tmp))
     out = workdir / "result.json"
-    env = offline_env(workdir, plugins=plugins) | (env_extra or {})
+    env = offline_env(workdir, plugins=plugins, threads=threads) | (env_extra or {})
     base = command or [sys.executable, str(script)]
     cmd = [*base, "--worker", case, "--params", json.dumps(params or {}), "--out", str(out), "--workdir", str(workdir)]
     log_path = workdir / "output.log"
@@ -260,6 +265,24 @@ def module_main(run: Callable[[bool, Path], dict], render: Callable[[dict], str]
     print(render(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+
+
+def git_commit() -> str:
+    """The commit measured, and whether rllog's code differed from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "rllog", "rllog_backends"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + (" (with uncommitted changes in rllog/)" if dirty else "") if head else "unknown"
 
 
 def progress(message: str) -> None:

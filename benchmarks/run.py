@@ -22,6 +22,7 @@ from pathlib import Path
 
 import drain
 import end_to_end
+import gpu
 import harness
 import hot_path
 import interference
@@ -29,7 +30,7 @@ import long_run
 import profiles
 import scaling
 import syncs
-from harness import fmt, fmt_ratio, md_table, median, progress, ratio, verdict
+from harness import fmt, fmt_ratio, git_commit, md_table, median, progress, ratio, verdict
 
 DOCS = harness.ROOT / "docs"
 SECTIONS = {
@@ -41,26 +42,6 @@ SECTIONS = {
     "syncs": syncs,
     "long_run": long_run,
 }
-
-
-def git_commit() -> str:
-    """The commit measured, and whether rllog's code differed from it."""
-    import subprocess
-
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=harness.ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "rllog", "rllog_backends"],
-            cwd=harness.ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + (" (with uncommitted changes in rllog/)" if dirty else "") if head else "unknown"
 
 
 def all_targets(results: dict) -> list[dict]:
@@ -633,8 +614,26 @@ def main() -> int:
     return write(results, meta, args.no_docs)
 
 
+# Parts of docs/benchmarks.md that other commands write (``gpu.py``) or that are written by hand (what was measured
+# when every core is busy): a regenerated page keeps them as they are.
+KEPT_PARTS = [
+    (gpu.SECTION_BEGIN, gpu.SECTION_END),
+    ("<!-- every core busy (begin) -->", "<!-- every core busy (end) -->"),
+]
+
+
+def keep_parts(text: str, old: str) -> str:
+    """``text`` with the :data:`KEPT_PARTS` of ``old`` (the page it replaces) put back."""
+    for begin, end in KEPT_PARTS:
+        if begin in old and end in old:
+            part = old.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+            text = end_to_end.replace_doc_part(text, begin, end, part)
+    return text
+
+
 def write(results: dict, meta: dict, no_docs: bool) -> int:
-    text = page(results, meta)
+    page_path = DOCS / "benchmarks.md"
+    text = keep_parts(page(results, meta), page_path.read_text() if page_path.exists() else "")
     if not no_docs:
         (DOCS / "benchmarks.md").write_text(text + "\n")
         try:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rllog import settings
 from rllog.sink import CONSOLE_FD_ENV
 
 EXIT_SINKS_FAILED = 3  # every follower ended, some sink failed: nothing a restart would fix
@@ -24,12 +25,28 @@ def _trainer_stdout() -> int | None:
         return None
 
 
+# Runs the module named by its first argument at idle CPU priority from the agent's first instruction: the
+# interpreter's start-up and ``import rllog`` (pyarrow among it; ~0.5 s of CPU) come before ``main`` could lower it,
+# and on cores that training keeps busy that time came out of training. The module's name stays an argument of its
+# own, so the agent is found by ``rllog.agent`` in its command line as with ``-m``.
+IDLE_FROM_EXEC = (
+    "import os, runpy, sys\n"
+    "try:\n"
+    "    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "except (AttributeError, OSError):\n"
+    "    pass\n"
+    "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)\n"
+)
+
+
 def launch(args: list[str], log_path: Path, system_interval: float | None) -> tuple[subprocess.Popen, int | None]:
-    """Start ``python -m rllog.agent ARGS`` for this trainer; returns the process and the read end of its
-    system-metrics pipe (None without system metrics). Its stdin is a pipe: what it delivers comes that way."""
+    """Start ``python -m rllog.agent ARGS`` for this trainer (at idle priority from its start, see
+    :data:`IDLE_FROM_EXEC`); returns the process and the read end of its system-metrics pipe (None without system
+    metrics). Its stdin is a pipe: what it delivers comes that way."""
     console_fd = _trainer_stdout()
     env = dict(os.environ)
-    command = [sys.executable, "-m", "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
+    start = ["-c", IDLE_FROM_EXEC] if settings.AGENT_PRIORITY.get() == "idle" else ["-m"]
+    command = [sys.executable, *start, "rllog.agent", *args, "--follow", "--parent-pid", str(os.getpid()), OPTIONS_FROM_STDIN]
     passed = []
     if console_fd is not None:
         env[CONSOLE_FD_ENV] = str(console_fd)

@@ -179,6 +179,11 @@ class PriorityGovernor:
 
     def _run(self) -> None:
         self._own_tid = threading.get_native_id()
+        if self._idle_mode:  # started by an idle thread (the agent starts idle): this one must always get to decide
+            try:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
         self._set(True)
         while True:
             self._place()

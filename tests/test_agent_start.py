@@ -1,0 +1,56 @@
+"""The delivery agent is at idle CPU priority from its first instruction, not only once its own code lowers it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import rllog
+from rllog import agent
+
+# Loaded by every Python process the test starts, before any of its own code: in the agent, it records the
+# scheduling policy at the moment the first of rllog's code is imported (the import of ``rllog`` itself). The network
+# guard the suite puts on that path is loaded as before.
+SITECUSTOMIZE = """
+import os
+import sys
+
+import rllog_netguard  # noqa: F401
+
+
+class PolicyWhenRllogIsImported:
+    def find_spec(self, name, path=None, target=None):
+        if name == "rllog":
+            sys.meta_path.remove(self)
+            with open(os.environ["POLICY_AT_START"], "a") as out:
+                out.write(f"{os.getpid()} {os.sched_getscheduler(0)}\\n")
+        return None  # the usual finders import it
+
+
+with open("/proc/self/cmdline", "rb") as f:
+    if any(b"rllog.agent" in arg for arg in f.read().split(b"\\0")):
+        sys.meta_path.insert(0, PolicyWhenRllogIsImported())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux-only")
+@pytest.mark.parametrize("standby", [False, True])
+def test_agent_runs_at_idle_priority_from_its_first_instruction(tmp_path, monkeypatch, standby):
+    """``import rllog`` (pyarrow among it) and the agent's own imports (0.3-0.6 s of CPU in all) ran at normal priority
+    before its ``main`` lowered it, taking cores that training kept busy. The agent is still found by ``rllog.agent``
+    in its command line."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(probe), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("POLICY_AT_START", str(tmp_path / "policies"))
+    agent.discard_standby()
+    if standby:
+        assert rllog.prepare(["parquet"]) is True
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False) as run:
+        run.log({"x": 1.0})
+        pid = run._agent.pid
+    assert run.finish().ok
+    seen = dict(line.split() for line in (tmp_path / "policies").read_text().splitlines())
+    assert seen == {str(pid): str(os.SCHED_IDLE)}
