@@ -5,9 +5,8 @@ run's Parquet store holds every record of the journal (the parquet sink was sele
 pending and nothing dead-lettered), it is read instead: columnar files read many times faster than the journal
 is decoded. Both give the same columns and the same rows, in seq order.
 
-``attempts="latest"`` shows a resumed run as its latest attempt left it (:func:`rllog.records.restarting_attempts`
-says which attempts restart; an earlier attempt's rows at or after the step a restarting attempt first logged are
-left out); ``"all"`` keeps every row.
+``attempts="latest"`` shows a resumed run as its latest attempt left it (the one rule,
+:class:`rllog.records.Supersession`, says which rows a later attempt superseded); ``"all"`` keeps every row.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rllog.errors import RllogError
-from rllog.records import AlertRecord, MetricsRecord, TableRecord, restarting_attempts
+from rllog.records import AlertRecord, MetricsRecord, Supersession, TableRecord
 
 METRICS_SCHEMA = pa.schema(
     [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
@@ -144,37 +142,17 @@ def _metrics(run_dir: Path) -> pa.Table:
     return pa.table(columns, schema=METRICS_SCHEMA)
 
 
-def _superseding(run_dir: Path, metrics: pa.Table | None = None) -> list[tuple[int, int]]:
-    """``(first_seq, first_step)`` of every restarting attempt that logged metrics (attempt 2 on); ``metrics``
-    (the run's, every attempt) are read only when some attempt restarts."""
-    from rllog.rundir import RUN_FILE, RunFile
+def _supersession(run_dir: Path, metrics: pa.Table | None = None) -> Supersession:
+    """The run's :class:`~rllog.records.Supersession`, every later attempt's restart decided; ``metrics`` (the run's,
+    every attempt) are read only when the run has later attempts."""
+    from rllog.rundir import RUN_FILE, load_run_info
 
-    starts: list[tuple[int, int]] = []
     if not (run_dir / RUN_FILE).is_file():
-        return starts
-    restarts = restarting_attempts(RunFile.read(run_dir).attempts)
-    if restarts and metrics is None:
-        metrics = _metrics(run_dir)
-    for first, end in restarts:
-        assert metrics is not None
-        mask = pc.greater_equal(metrics.column("seq"), first)
-        if end is not None:
-            mask = pc.and_(mask, pc.less(metrics.column("seq"), end))
-        steps = metrics.filter(mask).column("step")
-        if len(steps):
-            starts.append((first, pc.min(steps).as_py()))
-    return starts
-
-
-def _latest(table: pa.Table, starts: list[tuple[int, int]], seq: str, step: str) -> pa.Table:
-    """``table`` without the rows a later attempt superseded."""
-    if not starts or not table.num_rows:
-        return table
-    superseded = None
-    for first_seq, first_step in starts:
-        hit = pc.and_(pc.less(table.column(seq), first_seq), pc.greater_equal(table.column(step), first_step))
-        superseded = hit if superseded is None else pc.or_(superseded, hit)
-    return table.filter(pc.invert(superseded))
+        return Supersession()
+    rule = Supersession.of(load_run_info(run_dir)[0])
+    if not rule.later_attempts():
+        return rule
+    return rule.decide_from(metrics if metrics is not None else _metrics(run_dir))
 
 
 def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
@@ -186,7 +164,7 @@ def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tab
     """
     path = _check(run_dir, attempts)
     table = _metrics(path)
-    return table if attempts == "all" else _latest(table, _superseding(path, table), "seq", "step")
+    return table if attempts == "all" else _supersession(path, table).without_superseded(table, "seq", "step")
 
 
 def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
@@ -199,7 +177,7 @@ def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tabl
     else:
         alerts = [a for a in _journal(path) if isinstance(a, AlertRecord)]
         table = pa.table({name: [getattr(a, name) for a in alerts] for name in ALERTS_SCHEMA.names}, schema=ALERTS_SCHEMA)
-    return table if attempts == "all" else _latest(table, _superseding(path), "seq", "step")
+    return table if attempts == "all" else _supersession(path).without_superseded(table, "seq", "step")
 
 
 def _table_from_journal(run_dir: Path, name: str) -> pa.Table | None:
@@ -226,7 +204,7 @@ def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") 
     Raises:
         KeyError: no table of that name (the message lists the tables the run has).
     """
-    from rllog.values import table_dir_name
+    from rllog.rundir import table_dir_name
 
     path = _check(run_dir, attempts)
     store = parquet_store(path)
@@ -234,4 +212,4 @@ def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") 
     if table is None:
         names = table_names(path)
         raise KeyError(f"no table {name!r} in {path}; it has: {', '.join(map(repr, names)) if names else 'no tables'}")
-    return table if attempts == "all" else _latest(table, _superseding(path), "_seq", "_step")
+    return table if attempts == "all" else _supersession(path).without_superseded(table, "_seq", "_step")

@@ -23,6 +23,11 @@ def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(mapping or {}))
 
 
+# Rows read at a time while looking for an attempt's deciding record: it is almost always the attempt's first
+# record (a few ``system/...`` samples may come before it), so the first slice holds it.
+DECIDING_SLICE_ROWS = 4096
+
+
 @dataclass(frozen=True)
 class MetricsRecord:
     """One ``Run.log`` call: scalar metrics at one step.
@@ -235,6 +240,30 @@ class Supersession:
         if restart.supersedes:
             self.restarts.append(restart)
         return restart
+
+    def decide_from(self, metrics: pa.Table) -> Supersession:
+        """Decide every later attempt's restart from ``metrics`` (long format: seq, step, key, in seq order), reading
+        each attempt's first rows until one decides; returns ``self``."""
+        import pyarrow.compute as pc
+
+        for first, end in self.later_attempts():
+            mask = pc.greater_equal(metrics.column("seq"), first)
+            if end is not None:
+                mask = pc.and_(mask, pc.less(metrics.column("seq"), end))
+            rows = metrics.filter(mask)
+            for offset in range(0, rows.num_rows, DECIDING_SLICE_ROWS):
+                part = rows.slice(offset, DECIDING_SLICE_ROWS)
+                seqs, steps, keys = (part.column(c).to_pylist() for c in ("seq", "step", "key"))
+                if any(self.decide(seq, step, [key]) for seq, step, key in zip(seqs, steps, keys, strict=True)):
+                    break
+        return self
+
+    def without_superseded(self, table: pa.Table, seq: str = "seq", step: str = "step") -> pa.Table:
+        """``table`` without the rows a later attempt superseded (``seq`` and ``step``: its column names)."""
+        import pyarrow.compute as pc
+
+        mask = self.superseded_mask(table.column(seq), table.column(step)) if table.num_rows else None
+        return table if mask is None else table.filter(pc.invert(mask))
 
     def superseded(self, seq: int, step: int) -> bool:
         """Whether a later attempt's restart supersedes the record at ``seq`` and ``step``."""

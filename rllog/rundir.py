@@ -24,6 +24,7 @@ import html
 import json
 import os
 import time
+import urllib.parse
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -371,3 +372,10 @@ def report(
             name, state, delivered, pending, error, dead, tuple(cursor.dead_letters), tracker_location(run_dir, name)
         )
     return result
+
+
+def table_dir_name(name: str) -> str:
+    """A table name as a directory name, one-to-one: percent-encoding of everything but letters, digits and
+    ``_.-~`` (and of a leading dot)."""
+    encoded = urllib.parse.quote(name, safe="")
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from rllog.errors import InvalidTable, TransientError
 from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
@@ -121,10 +120,6 @@ def read_parts(directory: Path) -> pa.Table | None:
 
 # -- reading a run's files -------------------------------------------------------------------------
 
-# Rows read at a time while looking for an attempt's deciding record: it is almost always the attempt's first
-# record (a few ``system/...`` samples may come before it), so the first slice holds it.
-DECIDING_SLICE_ROWS = 4096
-
 
 def _run_file(run_dir: Path) -> RunFile | None:
     try:
@@ -149,23 +144,7 @@ def _supersession(run_dir: Path, metrics: pa.Table) -> Supersession:
     (long format, in seq order): the first rows of each attempt, in order, until one decides."""
     run_file = _run_file(run_dir)
     rule = Supersession.of(run_file.run_info(run_dir)) if run_file is not None else Supersession()
-    for first, end in rule.later_attempts():
-        mask = pc.greater_equal(metrics.column("seq"), first)
-        if end is not None:
-            mask = pc.and_(mask, pc.less(metrics.column("seq"), end))
-        rows = metrics.filter(mask)
-        for offset in range(0, rows.num_rows, DECIDING_SLICE_ROWS):
-            part = rows.slice(offset, DECIDING_SLICE_ROWS)
-            seqs, steps, keys = (part.column(c).to_pylist() for c in ("seq", "step", "key"))
-            if any(rule.decide(seq, step, [key]) for seq, step, key in zip(seqs, steps, keys, strict=True)):
-                break
-    return rule
-
-
-def _latest(table: pa.Table, rule: Supersession, seq: str, step: str) -> pa.Table:
-    """``table`` without the rows a later attempt superseded."""
-    mask = rule.superseded_mask(table.column(seq), table.column(step)) if table.num_rows else None
-    return table if mask is None else table.filter(pc.invert(mask))
+    return rule.decide_from(metrics)
 
 
 def _metrics_all(run_dir: Path) -> pa.Table:
@@ -182,7 +161,7 @@ def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tab
     """
     run_dir = Path(run_dir)
     table = _metrics_all(run_dir)
-    return table if attempts == "all" else _latest(table, _supersession(run_dir, table), "seq", "step")
+    return table if attempts == "all" else _supersession(run_dir, table).without_superseded(table, "seq", "step")
 
 
 def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Table:
@@ -190,7 +169,7 @@ def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest") -> pa.Tabl
     run_dir = Path(run_dir)
     table = read_parts(store_dir(run_dir) / "alerts")
     table = table if table is not None else ALERTS_SCHEMA.empty_table()
-    return table if attempts == "all" else _latest(table, _supersession(run_dir, _metrics_all(run_dir)), "seq", "step")
+    return table if attempts == "all" else _supersession(run_dir, _metrics_all(run_dir)).without_superseded(table, "seq", "step")
 
 
 def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") -> pa.Table:
@@ -203,7 +182,9 @@ def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest") 
     table = read_parts(store_dir(run_dir) / "tables" / table_dir_name(name))
     if table is None:
         raise KeyError(f"no table {name!r} in {run_dir}")
-    return table if attempts == "all" else _latest(table, _supersession(run_dir, _metrics_all(run_dir)), "_seq", "_step")
+    return (
+        table if attempts == "all" else _supersession(run_dir, _metrics_all(run_dir)).without_superseded(table, "_seq", "_step")
+    )
 
 
 def read_meta(run_dir: str | os.PathLike) -> dict:

@@ -33,7 +33,6 @@ import functools
 import os
 import re
 import time
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rllog.errors import InvalidKey, InvalidTable
+from rllog.rundir import table_dir_name
 
 TAIL_ROWS = 262_144
 TAIL_SECONDS = 300.0
@@ -63,13 +63,6 @@ _TAIL = re.compile(r"^_tail-(\d{12})\.arrows$")
 # A table name's length once percent-encoded: the store names a directory after it, and file systems allow 255 bytes
 # for a name (a longer one failed the whole sink inside delivery: "File name too long").
 MAX_TABLE_NAME_ENCODED = 255
-
-
-def table_dir_name(name: str) -> str:
-    """A table name as a directory name, one-to-one: percent-encoding of everything but letters, digits and
-    ``_.-~`` (and of a leading dot)."""
-    encoded = urllib.parse.quote(name, safe="")
-    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
 
 
 def check_table(name: str, table: pa.Table) -> None:
