@@ -30,8 +30,8 @@ class DurableLedger:
     Example:
         >>> ledger = DurableLedger(0, [])
         >>> ledger.read([1, 2, 3])
-        >>> ledger.in_flight([1, 2]); ledger.durable([3]); ledger.advance()
-        0
+        >>> ledger.took([1, 2], durable=False); ledger.durable([3]); ledger.advance(), ledger.ahead
+        (0, {3})
         >>> ledger.flushed(); ledger.advance(), ledger.seq
         (3, 3)
     """
