@@ -75,21 +75,9 @@ def resolve_run(given: str | None) -> Path:
 
 
 def run_status(run_dir: Path) -> str:
-    """``finished``/``failed``/``killed`` (the end marker's), ``running`` (its trainer is alive), or ``stopped`` (no
-    end marker and no live trainer: killed, or never finished)."""
-    import psutil
+    from rllog.read import run_status as status
 
-    from rllog.read import journal_end
-    from rllog.rundir import RunFile
-
-    end = journal_end(run_dir)
-    if end is not None:
-        return end
-    try:
-        pid = RunFile.read(run_dir).pid
-    except (OSError, ValueError, TypeError, KeyError):
-        pid = None
-    return "running" if pid is not None and psutil.pid_exists(pid) else "stopped"
+    return status(run_dir)
 
 
 def _fmt(value: float) -> str:

@@ -85,12 +85,34 @@ def journal_end(run_dir: str | os.PathLike) -> str | None:
     return status
 
 
+def trainer_alive(run_dir: str | os.PathLike) -> bool:
+    """Whether the process that last opened the run (run.json's ``pid``) is alive."""
+    import psutil
+
+    from rllog.rundir import RunFile
+
+    try:
+        pid = RunFile.read(run_dir).pid
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return pid is not None and psutil.pid_exists(pid)
+
+
+def run_status(run_dir: str | os.PathLike) -> str:
+    """``finished``/``failed``/``killed`` (the journal's end marker), ``running`` (no end marker, its trainer is
+    alive) or ``stopped`` (no end marker and no live trainer: killed before ``finish``)."""
+    end = journal_end(run_dir)
+    if end is not None:
+        return end
+    return "running" if trainer_alive(run_dir) else "stopped"
+
+
 def parquet_store(run_dir: str | os.PathLike) -> Path | None:
     """The run's Parquet store directory when it is the run's data, else None (read the journal).
 
     The store is the run's data when the parquet sink is one of the run's sinks, has not failed and has
-    dead-lettered nothing, and, once the run has ended, holds every record of the journal. A live run's store
-    lags the journal by up to ``flush_interval``, as every tracker does."""
+    dead-lettered nothing, and, once the run has ended (or its trainer died), holds every record of the journal. A
+    live run's store lags the journal by up to ``flush_interval``, as every tracker does."""
     from rllog.delivery import CursorStore, SinkState
     from rllog.rundir import RUN_FILE, RunFile
 
@@ -105,8 +127,8 @@ def parquet_store(run_dir: str | os.PathLike) -> Path | None:
     if cursor.state in SinkState.BROKEN or cursor.dead_letter_count:
         return None
     last, ended = _journal_tail(run_dir)
-    if ended and cursor.seq < last:  # delivery stopped short (a deadline, a killed agent): the journal has the rest
-        return None
+    if cursor.seq < last and (ended or not trainer_alive(run_dir)):
+        return None  # delivery stopped short (a deadline, a killed agent) and will not catch up: the journal has the rest
     directory = Path(spec.options.get("directory") or PARQUET)
     return directory if directory.is_absolute() else run_dir / directory
 

@@ -81,6 +81,8 @@ def markdown() -> str:
         "Configure them when starting a run:",
         "",
         "```python",
+        "import rllog",
+        "",
         "run = rllog.init(",
         "    health={",
         '        "disable": ["kl_explosion"],                                  # switch rules off by name',
