@@ -87,7 +87,7 @@ def _fmt(value: float) -> str:
 
 
 def cmd_backends(args) -> int:
-    from rllog.registry import ALIASES, backends
+    from rllog.registry import ALIASES, BUILT_IN, backends
 
     table = Table(title="rllog backends")
     for col in ("name", "source", "installed", "install with"):
@@ -96,10 +96,11 @@ def cmd_backends(args) -> int:
         aliases = [a for a, target in ALIASES.items() if target == name]
         label = name + (f" (alias: {', '.join(aliases)})" if aliases else "")
         available = b.installed
+        problem = b.problem() if available and b.requires is None and b.source != BUILT_IN else None
         table.add_row(
             label,
             b.source,
-            "yes" if available else "no",
+            escape(f"no: {problem}") if problem else "yes" if available else "no",
             escape(f"pip install 'rllog[{b.extra}]'") if b.extra and not available else "",
         )
     console.print(table)

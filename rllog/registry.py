@@ -23,6 +23,7 @@ from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
 from rllog.sink import MetricSink, sink_problem
 
 ENTRY_POINT_GROUP = "rllog.backends"
+BUILT_IN = "built-in"
 DEFAULT = "parquet"
 
 
@@ -34,11 +35,22 @@ class Backend:
     target: str  # "module:Class"
     requires: str | None = None  # top-level module of the tracker package
     extra: str | None = None  # pip extra that installs it
-    source: str = "built-in"
+    source: str = BUILT_IN
 
     @property
     def installed(self) -> bool:
         return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+    def problem(self) -> str | None:
+        """Why this backend cannot be used (None when it can): its module does not import, or its sink class does
+        not implement the sink protocol."""
+        try:
+            cls = self.load()
+        except BackendNotInstalled as exc:
+            return str(exc)
+        except Exception as exc:  # a plugin's module that fails to import, whatever it raises
+            return f"{self.target} does not import: {type(exc).__name__}: {exc}"
+        return sink_problem(cls)
 
     def load(self) -> type:
         if not self.installed:
@@ -149,6 +161,10 @@ def parse_report_to(report_to: Any) -> list[Any]:
                     backend = resolve(part)
                     if not backend.installed:
                         backend.load()  # raises BackendNotInstalled naming the extra
+                    if backend.source != BUILT_IN:  # built-ins are held to the protocol by the contract suite
+                        problem = backend.problem()
+                        if problem is not None:
+                            raise InvalidSink(f"backend {backend.name!r} ({backend.source}): {problem}")
                     out.append(backend.name)
         elif isinstance(item, MetricSink) and sink_problem(item) is None:
             out.append(item)

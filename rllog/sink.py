@@ -115,12 +115,16 @@ def took(records: Sequence[MetricsRecord], seq: int) -> None:
 
 
 def sink_problem(sink: object) -> str | None:
-    """Why ``sink`` cannot be delivered to (None when it can): a missing member, or a capability without its method."""
+    """Why ``sink`` cannot be delivered to (None when it can): a missing member, or a capability without its method.
+
+    ``sink`` is a sink object or a sink class (an entry point's, checked at ``init`` before the agent builds it;
+    capabilities computed by a property are checked once the sink is built)."""
+    name = sink.__name__ if isinstance(sink, type) else type(sink).__name__
     if not isinstance(sink, MetricSink):
         missing = [m for m in ("capabilities", "open", "write_metrics", "close") if not hasattr(sink, m)]
-        return f"{type(sink).__name__} does not implement MetricSink (missing {', '.join(missing)})"
+        return f"{name} does not implement MetricSink (missing {', '.join(missing)})"
     caps = sink.capabilities
     for flag, method in (("tables", "write_table"), ("alerts", "write_alert")):
-        if getattr(caps, flag, False) and not callable(getattr(sink, method, None)):
-            return f"{type(sink).__name__} declares capabilities.{flag} but has no {method}()"
+        if getattr(caps, flag, False) is True and not callable(getattr(sink, method, None)):
+            return f"{name} declares capabilities.{flag} but has no {method}()"
     return None

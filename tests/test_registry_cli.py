@@ -71,7 +71,14 @@ def make_entry_point_package(root):
     dist = root / "rllog_jsonl-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rllog-jsonl\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[rllog.backends]\njsonl = rllog_jsonl_sink:JsonlSink\n")
+    (dist / "entry_points.txt").write_text(
+        "[rllog.backends]\njsonl = rllog_jsonl_sink:JsonlSink\n"
+        "claims_alerts = rllog_jsonl_sink:ClaimsAlerts\n"  # declares alerts, has no write_alert
+        "unimportable = rllog_jsonl_broken:Sink\n"
+    )
+    with open(root / "rllog_jsonl_sink.py", "a") as module:
+        module.write("\nclass ClaimsAlerts(JsonlSink):\n    capabilities = Capabilities(tables=False, alerts=True)\n")
+    (root / "rllog_jsonl_broken.py").write_text("import a_module_that_is_not_installed\n")
 
 
 def test_entry_point_backend_is_selected_by_name_in_the_agent_process(tmp_path, monkeypatch):
@@ -108,6 +115,26 @@ def test_cli_backends_lists_builtin_and_entry_points(tmp_path, monkeypatch):
     for name in ("parquet", "wandb", "mlflow", "tensorboard", "trackio", "comet_ml", "jsonl"):
         assert name in out
     assert "entry point (rllog-jsonl)" in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") >= 4}
+    assert rows["jsonl"].split("│")[3].strip() == "yes"
+    assert "no: ClaimsAlerts declares capabilities.alerts but has no write_alert()" in rows["claims_alerts"]
+    assert "no: rllog_jsonl_broken:Sink does not import: ModuleNotFoundError" in rows["unimportable"]
+
+
+def test_an_entry_point_sink_that_breaks_the_protocol_is_refused_at_init(tmp_path, monkeypatch):
+    """The agent builds an entry point's sink; without a check in the trainer it failed only at finish."""
+    site = tmp_path / "site"
+    site.mkdir()
+    make_entry_point_package(site)
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(
+        InvalidSink,
+        match=r"backend 'claims_alerts' \(entry point \(rllog-jsonl\)\): ClaimsAlerts declares capabilities.alerts but has no write_alert\(\)",
+    ):
+        rllog.init(report_to="parquet,claims_alerts", run_dir=tmp_path / "a")
+    with pytest.raises(InvalidSink, match=r"rllog_jsonl_broken:Sink does not import: ModuleNotFoundError"):
+        rllog.init(report_to="unimportable", run_dir=tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_cli_show_prints_last_min_max(tmp_path):
