@@ -331,7 +331,8 @@ class CometSink:
         log_environment: record what Comet's own start records about the training script: its file name and
             source code, its command-line arguments (as parameters, as Comet parses them), the installed Python
             and OS packages (the delivery agent runs the trainer's interpreter on the trainer's machine), and the
-            ``model_graph``. Default on.
+            ``model_graph``. Off by default; the transformers/TRL integration turns it on, as the run of
+            transformers' ``CometCallback`` has them.
         model_graph: the model's graph as text (the transformers integration passes ``str(model)``, taken in
             the trainer's process), as transformers' ``CometCallback`` records it.
         epoch_key: the metric that holds the training epoch: its latest value is the experiment's current epoch
@@ -362,7 +363,7 @@ class CometSink:
         experiment_key: str | None = None,
         log_env_details: bool = False,
         flush_timeout: float = 30.0,
-        log_environment: bool = True,
+        log_environment: bool = False,
         model_graph: str | None = None,
         config_layout: str = "rllog",
         epoch_key: str | None = None,

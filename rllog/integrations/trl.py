@@ -11,11 +11,13 @@ Example:
 
 What changes:
 
-- The ``report_to`` names rllog serves (wandb, tensorboard, mlflow, trackio, comet_ml, and rllog's own
-  parquet/console) go through rllog; transformers' callbacks for those names are removed, so nothing is
-  logged twice. Names rllog does not serve (e.g. clearml) stay with transformers. ``rllog_report_to=``
-  overrides the list; with no name selected, rllog writes its embedded default (parquet). The run's
-  config records the ``report_to`` the user gave.
+- The ``report_to`` names rllog has a backend for (wandb, tensorboard, mlflow, trackio, comet_ml, swanlab,
+  clearml, dvclive, and rllog's own parquet/console; ``"all"`` included) go through rllog; transformers never
+  builds its callbacks for them, so nothing is logged twice. Other names (e.g. neptune) stay with
+  transformers. ``rllog_report_to=`` overrides the list. ``"none"`` (transformers' default) selects nothing:
+  no tracker and no files, as in transformers (the run is a :class:`rllog.NullRun`). The run's config records
+  the ``report_to`` the user gave. A transformers tracker callback (a subclass) for a name rllog serves, passed
+  in ``callbacks=``, is warned about once: it opens a second run of that tracker.
 - Metric names are transformers' (``train/reward``, ``eval/reward``: :class:`RLLogCallback`).
 - Every logged step's completions table (``step``, prompt, completion, one column per reward function,
   every ``log_extra`` column, advantage; one row per prompt with ``log_unique_prompts``) goes to every
@@ -23,7 +25,8 @@ What changes:
   training, ``eval/completions`` in evaluation. Conversations stay lists of messages. TRL's own
   wandb/trackio-only table path does not run.
 - ``trl.extras.profiling``'s ``profiling/Time taken: ...`` timings, which TRL would write straight to
-  wandb/mlflow/trackio, are logged through rllog, to every selected tracker, at the step being trained.
+  wandb/mlflow/trackio, are logged through rllog, to every selected tracker, at the step being trained, under
+  TRL's names (``GRPOTrainer.<method>``) whatever the mixin class is called.
 - The run starts when ``train()`` or ``evaluate()`` starts. Both return without waiting for the trackers: as
   they end, the trackers are asked to flush what they logged at once (``trainer.rllog_callback.wait_for_trackers()``
   waits for that; ``push_to_hub()`` does, so the TensorBoard files it uploads hold the last step). A trainer that
