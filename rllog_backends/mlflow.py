@@ -72,6 +72,14 @@ _RETRY_CODES_429 = {"REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"}
 _RETRY_CODES_5XX = {"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED"}
 
 
+def experiment_name(run_info: RunInfo, option: str | None = None) -> str:
+    """The experiment of a run the sink finds or creates: the ``experiment_name`` option, ``rllog.init``'s project when
+    chosen, ``MLFLOW_EXPERIMENT_NAME``, else the default project: ``"rllog"``, or MLflow's ``"Default"`` for the
+    transformers integration's, where transformers' ``MLflowCallback`` leaves a run that names no experiment."""
+    project = DEFAULT_EXPERIMENT if run_info.project == TRANSFORMERS_PROJECT else run_info.project
+    return first(option, explicit_project(run_info), env("MLFLOW_EXPERIMENT_NAME"), project, DEFAULT_EXPERIMENT)
+
+
 def system_tags(run_info: RunInfo) -> dict[str, str]:
     """The system tags MLflow's fluent API gives a run it starts, describing the training script (not the delivery
     process the sink runs in): ``mlflow.user``, ``mlflow.source.name`` (the trainer's program) and
@@ -457,9 +465,7 @@ class MlflowSink:
     def _experiment(self, run_info: RunInfo, uri: str | None) -> str:
         from mlflow.exceptions import MlflowException
 
-        # transformers' MLflowCallback leaves an unnamed experiment to MLflow: its "Default"
-        project = DEFAULT_EXPERIMENT if run_info.project == TRANSFORMERS_PROJECT else run_info.project
-        name = first(self.experiment_name, explicit_project(run_info), env("MLFLOW_EXPERIMENT_NAME"), project, DEFAULT_EXPERIMENT)
+        name = experiment_name(run_info, self.experiment_name)
         experiment = self._client.get_experiment_by_name(name)
         if experiment is None:
             try:
