@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,11 @@ from rllog.records import RunInfo
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROJECTS = ("rllog", "huggingface")  # rllog.init's default project; TrainingArguments.project's default
+TRANSFORMERS_PROJECT = "huggingface"  # TrainingArguments.project's default, passed on by the transformers integration
+DEFAULT_PROJECTS = ("rllog", TRANSFORMERS_PROJECT)  # rllog.init's default project; TrainingArguments.project's default
+TRANSFORMERS_LAYOUT = "transformers"  # a ``config_layout`` option: the config as transformers' own callbacks give it
+MODEL_PREFIX = "model/"  # where the transformers integration puts the model config (and num_parameters)
+MODEL_PARAMETERS_KEY = "model/num_parameters"  # the one model key transformers' callbacks log under this very name
 REMEMBERED_DIR = "trackers"  # below RUN_DIR: <tracker>.json, the tracker run chosen for this rllog run
 RUN_ID_KEY = "rllog_run_id"  # in that file: the rllog run it belongs to
 
@@ -44,6 +49,44 @@ def explicit_project(run_info: RunInfo) -> str | None:
 def explicit_name(run_info: RunInfo) -> str | None:
     """``run_info.name`` when the user chose it (anything but rllog's default ``"run-<run id>"``), else None."""
     return run_info.name if run_info.name and run_info.name != f"run-{run_info.run_id}" else None
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A flattened config (``a/b`` keys) as nested dicts again (``{"a": {"b": ...}}``), for the trackers that keep
+    nested config. A key that has a value of its own and is a prefix of others (``a`` and ``a/b``) stays flat:
+    ``{"a": ..., "a/b": ...}``.
+
+    Example:
+        >>> nest({"lr": 0.1, "accelerator_config/split_batches": False})
+        {'lr': 0.1, 'accelerator_config': {'split_batches': False}}
+    """
+    keys = {str(k) for k in flat}
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        parts = str(key).split("/")
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        if any(prefix in keys for prefix in prefixes):
+            nested[str(key)] = value
+            continue
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def split_transformers_config(flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A config from the transformers integration as (TrainingArguments, model config, what transformers' callbacks
+    log under its own name: ``model/num_parameters``), each still flat."""
+    args, model, own = {}, {}, {}
+    for key, value in flat.items():
+        if key == MODEL_PARAMETERS_KEY:
+            own[key] = value
+        elif key.startswith(MODEL_PREFIX):
+            model[key[len(MODEL_PREFIX) :]] = value
+        else:
+            args[key] = value
+    return args, model, own
 
 
 def env(name: str) -> str | None:

@@ -5,7 +5,8 @@ from the run (project, name, run id) unless ``COMET_EXPERIMENT_KEY`` names one, 
 the same run (a resumed run, ``rllog replay`` after a crash) continues the same Comet experiment; the
 key, project and workspace of the first session are remembered in ``RUN_DIR/trackers/comet_ml.json``.
 The project is the ``project`` option, else ``rllog.init``'s project when given, else
-``COMET_PROJECT_NAME``, else ``"rllog"``; the workspace the option, else ``COMET_WORKSPACE``. Online or offline follows Comet's own settings
+``COMET_PROJECT_NAME``, else ``"rllog"`` (Comet's own default project for the transformers integration's default,
+as transformers' ``CometCallback``); the workspace the option, else ``COMET_WORKSPACE``. Online or offline follows Comet's own settings
 (``COMET_START_ONLINE=false`` or the ``online`` option: offline archives go to
 ``COMET_OFFLINE_DIRECTORY``, one ``<key>-<suffix>.zip`` per delivery session, to upload later with
 ``comet upload``).
@@ -18,14 +19,17 @@ What goes where:
 - tables: a CSV asset ``<name>_step_<step:06d>.csv`` (what ``log_table`` makes of rows; one per table
   name and step, see :func:`table_file_name`), logged with ``log_asset_data(..., step=record.step)`` and metadata ``{"rllog_table": name, "rllog_columns":
   [[column, kind], ...]}`` so the rows can be read back with their types.
-- config: ``log_parameters`` (already flattened by rllog), at open and for every ``Run.update_config``
+- config: ``log_parameters`` (already flattened by rllog; ``config_layout="transformers"``: ``args|x``,
+  ``config|x``, as transformers' callback), at open and for every ``Run.update_config``
   (Comet keeps a parameter's latest value); names over 100 characters and string values over 1000
   characters are shortened (Comet's limits).
 - run id / status: ``log_other("rllog_run_id", ...)`` at open, ``log_other("rllog_status", ...)``
   at close, then ``experiment.end()``.
 
 The sink runs in rllog's delivery process, so it turns off everything Comet would record about *that*
-process (source code, command line, stdout, git, environment and system metrics: options below) and
+process (source code, command line, stdout, git, environment and system metrics: options below), records the
+training script's instead (``log_environment``: its file, source, arguments, the packages, the model graph;
+not its stdout, which rllog does not capture), and turns off
 Comet's auto-logging (it would patch the mlflow/TensorBoard modules other sinks use there). Offline it
 also disables Comet's cloud-metadata probe (``169.254.169.254``), so an offline run never touches the
 network. Offline, a session the delivery process never ended (it was killed) is archived by the next
@@ -61,7 +65,15 @@ from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
 from rllog.sink import Capabilities, took
 from rllog.sink_errors import map_errors, retry_error
-from rllog_backends._conventions import Remembered, env, explicit_project, first
+from rllog_backends._conventions import (
+    TRANSFORMERS_LAYOUT,
+    TRANSFORMERS_PROJECT,
+    Remembered,
+    env,
+    explicit_project,
+    first,
+    split_transformers_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +88,14 @@ STATUS_KEY = "rllog_status"
 TABLE_KEY = "rllog_table"
 COLUMNS_KEY = "rllog_columns"
 PENDING_DIR = "comet_ml"  # below RUN_DIR: markers of offline sessions not yet archived
+#: In ``RUN_DIR/trackers/comet_ml.json``: the offline archives of the run's sessions, for the ``comet upload`` hint
+#: the trainer's side shows (the sink's own output goes to the delivery agent's log).
+ARCHIVES_KEY = "offline_archives"
+#: The sections of transformers' ``CometCallback`` parameters (``args|learning_rate``, ``config|hidden_size``) and
+#: Comet's separator of nested parameter names.
+ARGS_SECTION = "args"
+MODEL_SECTION = "config"
+NESTED_SEPARATOR = "|"
 #: How long Comet's offline writer thread waits for a message while ``end`` stops it (Comet's own: 1 s).
 END_QUEUE_TIMEOUT = 0.02
 
@@ -308,6 +328,19 @@ class CometSink:
             else derived from the run, the same each time the run is delivered (see :func:`experiment_key`).
         log_env_details: let Comet record host/system details and CPU/GPU/disk/network metrics. Off by
             default: the sink runs in the delivery process, not the trainer.
+        log_environment: record what Comet's own start records about the training script: its file name and
+            source code, its command-line arguments (as parameters, as Comet parses them), the installed Python
+            and OS packages (the delivery agent runs the trainer's interpreter on the trainer's machine), and the
+            ``model_graph``. Off by default; the transformers/TRL integration turns it on, as the run of
+            transformers' ``CometCallback`` has them.
+        model_graph: the model's graph as text (the transformers integration passes ``str(model)``, taken in
+            the trainer's process), as transformers' ``CometCallback`` records it.
+        epoch_key: the metric that holds the training epoch: its latest value is the experiment's current epoch
+            (Comet's ``curr_epoch``), as transformers' ``CometCallback`` sets it (the integration passes
+            ``"train/epoch"``).
+        config_layout: ``"rllog"`` (default): parameters named as rllog flattened the config (``a/b``);
+            ``"transformers"``: as transformers' ``CometCallback`` logs them: the TrainingArguments as
+            ``args|<name>``, the model config as ``config|<name>``, dict values nested with ``|``.
         flush_timeout: seconds ``flush`` waits for Comet to write/send what it was given.
 
     Example:
@@ -330,7 +363,18 @@ class CometSink:
         experiment_key: str | None = None,
         log_env_details: bool = False,
         flush_timeout: float = 30.0,
+        log_environment: bool = False,
+        model_graph: str | None = None,
+        config_layout: str = "rllog",
+        epoch_key: str | None = None,
     ):
+        if config_layout not in ("rllog", TRANSFORMERS_LAYOUT):
+            raise ValueError(f"config_layout must be 'rllog' or {TRANSFORMERS_LAYOUT!r}, not {config_layout!r}")
+        self.log_environment = log_environment
+        self.model_graph = model_graph
+        self.config_layout = config_layout
+        self.epoch_key = epoch_key
+        self._remembered: Remembered | None = None
         self.project = project
         self.workspace = workspace
         self.online = online
@@ -393,24 +437,26 @@ class CometSink:
             )
         self._experiment = experiment
         remembered.save(**identity)
+        self._remembered = remembered
         if self._offline:
             self._write_marker(run_info, experiment)
         with _mapped_errors():
             experiment.log_other(RUN_ID_KEY, run_info.run_id)
             if run_info.config:
-                experiment.log_parameters(
-                    {comet_name(str(k)): comet_param_value(v) for k, v in run_info.config.items()},
-                    nested_support=False,
-                )
+                experiment.log_parameters(self._parameters(run_info.config), nested_support=False)
+            if self.log_environment:
+                self._log_environment(experiment, run_info)
 
     def identity(self, run_info: RunInfo, remembered: Remembered | None = None) -> dict[str, Any]:
         """The ``project``, ``workspace`` and ``experiment_key`` the experiment is started with: an option,
         else ``rllog.init``'s project when not the default, else Comet's variable, else what an earlier
         session chose, else rllog's default (None leaves the workspace to Comet)."""
         remembered = remembered or Remembered(run_info.run_dir, "comet_ml", run_info.run_id)
+        # transformers' CometCallback names no project: Comet's own default (None) for the integration's default
+        project = None if run_info.project == TRANSFORMERS_PROJECT else run_info.project
         return {
             "project": first(
-                self.project, explicit_project(run_info), env("COMET_PROJECT_NAME"), remembered.get("project"), run_info.project
+                self.project, explicit_project(run_info), env("COMET_PROJECT_NAME"), remembered.get("project"), project
             ),
             "workspace": first(self.workspace, env("COMET_WORKSPACE"), remembered.get("workspace")),
             "experiment_key": first(
@@ -422,9 +468,7 @@ class CometSink:
         """Config given after ``open`` (``Run.update_config``): ``log_parameters``; Comet keeps each parameter's latest value."""
         experiment = self._require_open()
         with _mapped_errors():
-            experiment.log_parameters(
-                {comet_name(str(k)): comet_param_value(v) for k, v in record.values.items()}, nested_support=False
-            )
+            experiment.log_parameters(self._parameters(record.values), nested_support=False)
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         """One ``log_metrics`` per step (consecutive records of a step together, unless a key repeats), at the
@@ -434,6 +478,7 @@ class CometSink:
         the rest only: Comet keeps every point, and a step logged twice would be stored twice.
         """
         experiment = self._require_open()
+        self._set_epoch(experiment, records)
         with _mapped_errors():
             for step, values, last_seq in step_rows(records, comet_name):
                 if values:
@@ -471,6 +516,7 @@ class CometSink:
                     _stop_writer_promptly(experiment)
                 experiment.log_other(STATUS_KEY, status)
                 experiment.end()
+                self._remember_archive(experiment)
             if self._marker is not None and self._marker.is_file():
                 # Comet only logs a failure to write the offline archive (e.g. a full disk) and leaves
                 # the session's files behind: write the archive from them, or raise to be called again.
@@ -485,6 +531,56 @@ class CometSink:
             self._marker = None
 
     # -- internals ----------------------------------------------------------------------------------
+    def _parameters(self, config: Any) -> dict[str, Any]:
+        """Comet parameters of a flattened config, named as this sink's ``config_layout`` says."""
+        if self.config_layout != TRANSFORMERS_LAYOUT:
+            return {comet_name(str(k)): comet_param_value(v) for k, v in config.items()}
+        args, model, own = split_transformers_config(config)
+        named = {f"{ARGS_SECTION}/{k}": v for k, v in args.items()} | {f"{MODEL_SECTION}/{k}": v for k, v in model.items()}
+        named = {k.replace("/", NESTED_SEPARATOR): v for k, v in named.items()} | own
+        return {comet_name(k): comet_param_value(v) for k, v in named.items()}
+
+    def _set_epoch(self, experiment: Any, records: Sequence[MetricsRecord]) -> None:
+        """The latest ``epoch_key`` value of ``records`` as the experiment's epoch (``curr_epoch``)."""
+        epochs = [r.values[self.epoch_key] for r in records if self.epoch_key is not None and self.epoch_key in r.values]
+        if epochs:
+            with _mapped_errors():
+                experiment.set_epoch(epochs[-1])
+
+    def _log_environment(self, experiment: Any, run_info: RunInfo) -> None:
+        """What Comet's own start records about the training script (``log_environment``), from the trainer's
+        program, arguments and model graph (not the delivery process's)."""
+        from comet_ml import cli_args_parse
+
+        program = run_info.program
+        if program and os.path.isfile(program):
+            experiment.set_filename(program)
+            experiment.log_code(file_name=program)
+        if len(run_info.args) > 1:  # Comet's own rule: a single argument is not parsed
+            try:
+                arguments = cli_args_parse._parse_cmd_args(list(run_info.args))
+            except ValueError:
+                arguments = cli_args_parse._parse_cmd_args_naive(list(run_info.args))
+            if arguments:
+                experiment.log_parameters(
+                    {comet_name(str(k)): comet_param_value(v) for k, v in arguments.items()}, nested_support=False
+                )
+        experiment.set_pip_packages()
+        experiment.set_os_packages()
+        if self.model_graph:
+            experiment.set_model_graph(self.model_graph)
+
+    def _remember_archive(self, experiment: Any) -> None:
+        """Add this session's offline archive to the run's list (:data:`ARCHIVES_KEY`)."""
+        name = getattr(experiment, "_get_offline_archive_file_name", None)
+        directory = getattr(experiment, "offline_directory", None)
+        if not self._offline or self._remembered is None or not callable(name) or not directory:
+            return
+        path = os.path.abspath(os.path.join(directory, name()))
+        archives = list(self._remembered.get(ARCHIVES_KEY) or [])
+        if os.path.isfile(path) and path not in archives:
+            self._remembered.save(**{ARCHIVES_KEY: [*archives, path]})
+
     def _require_open(self) -> Any:
         if self._experiment is None:
             raise RuntimeError("CometSink used before open() or after close()")

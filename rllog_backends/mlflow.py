@@ -6,8 +6,11 @@ first match wins: the ``run_id`` option, ``MLFLOW_RUN_ID`` (a run AzureML or Dat
 job gets the data), the run an earlier session of this rllog run used (``RUN_DIR/trackers/mlflow.json``),
 the run tagged ``rllog.run_id`` in the experiment, or a new run there. So a resumed run, or ``rllog
 replay``, continues the same MLflow run. The experiment is the ``experiment_name`` option, else
-``rllog.init``'s project when given, else ``MLFLOW_EXPERIMENT_NAME``, else ``"rllog"``. ``MLFLOW_TAGS``
-(a JSON object) adds tags, as transformers' ``MLflowCallback`` does.
+``rllog.init``'s project when given, else ``MLFLOW_EXPERIMENT_NAME``, else ``"rllog"`` (``rllog.init``'s
+default project), or MLflow's ``"Default"`` for a run of the transformers integration that names no project,
+as transformers' ``MLflowCallback`` leaves it. ``MLFLOW_TAGS`` (a JSON object) adds tags, as that callback
+does. A run this sink creates gets the system tags MLflow gives a script's run (:func:`system_tags`: user,
+the trainer's program as source), naming the training script, not the delivery process.
 
 Config: params. MLflow refuses to change a param, so a value that changes later (``Run.update_config``,
 or a resumed run's new config) keeps the first value as the param and puts the current one in the tag
@@ -22,6 +25,7 @@ name onto those rules (it leaves valid names alone); see ``docs/backends/mlflow.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import logging
@@ -40,7 +44,7 @@ from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import exception_chain, map_errors
 from rllog_backends._cells import cell
-from rllog_backends._conventions import REMEMBERED_DIR, Remembered, env, explicit_project, first
+from rllog_backends._conventions import REMEMBERED_DIR, TRANSFORMERS_PROJECT, Remembered, env, explicit_project, first
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +58,40 @@ RUN_ID_TAG = "rllog.run_id"
 CONFIG_TAG_PREFIX = "rllog.config."  # + param name: the current value of a param that changed
 RENAMED_TAG_PREFIX = "rllog.renamed."
 LOGGED_ARTIFACTS_TAG = "mlflow.loggedArtifacts"  # mlflow.utils.mlflow_tags.MLFLOW_LOGGED_ARTIFACTS
+USER_TAG = "mlflow.user"  # mlflow.utils.mlflow_tags.MLFLOW_USER
+SOURCE_NAME_TAG = "mlflow.source.name"  # MLFLOW_SOURCE_NAME
+SOURCE_TYPE_TAG = "mlflow.source.type"  # MLFLOW_SOURCE_TYPE
+LOCAL_SOURCE = "LOCAL"  # mlflow.entities.SourceType.LOCAL as MLflow writes it: a script run on this machine
+SYSTEM_DEFAULT_USER = "unknown"  # MLflow's own name when no user can be found
+DEFAULT_EXPERIMENT = "Default"  # MLflow's experiment for runs that name none
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
 
 _HASH_LENGTH = 8
 _BAD_CHARS = re.compile(r"[^\w/.\- :]" if os.name != "nt" else r"[^\w/.\- ]")  # MLflow's own rule, negated
 _RETRY_CODES_429 = {"REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"}
 _RETRY_CODES_5XX = {"TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED"}
+
+
+def experiment_name(run_info: RunInfo, option: str | None = None) -> str:
+    """The experiment of a run the sink finds or creates: the ``experiment_name`` option, ``rllog.init``'s project when
+    chosen, ``MLFLOW_EXPERIMENT_NAME``, else the default project: ``"rllog"``, or MLflow's ``"Default"`` for the
+    transformers integration's, where transformers' ``MLflowCallback`` leaves a run that names no experiment."""
+    project = DEFAULT_EXPERIMENT if run_info.project == TRANSFORMERS_PROJECT else run_info.project
+    return first(option, explicit_project(run_info), env("MLFLOW_EXPERIMENT_NAME"), project, DEFAULT_EXPERIMENT)
+
+
+def system_tags(run_info: RunInfo) -> dict[str, str]:
+    """The system tags MLflow's fluent API gives a run it starts, describing the training script (not the delivery
+    process the sink runs in): ``mlflow.user``, ``mlflow.source.name`` (the trainer's program) and
+    ``mlflow.source.type``. The delivery agent is the trainer's child, so it runs as the trainer's user."""
+    try:
+        user = env("MLFLOW_TRACKING_USERNAME") or getpass.getuser()
+    except (ImportError, KeyError, OSError):  # no user name in the environment nor the password database
+        user = SYSTEM_DEFAULT_USER
+    tags = {USER_TAG: user, SOURCE_TYPE_TAG: LOCAL_SOURCE}
+    if run_info.program:
+        tags[SOURCE_NAME_TAG] = run_info.program
+    return tags
 
 
 def _short_hash(text: str) -> str:
@@ -202,7 +234,8 @@ class MlflowSink:
     Args:
         tracking_uri: MLflow tracking URI; default ``MLFLOW_TRACKING_URI``, else MLflow's default.
         experiment_name: MLflow experiment; default ``rllog.init``'s project when given, else
-            ``MLFLOW_EXPERIMENT_NAME``, else ``"rllog"``.
+            ``MLFLOW_EXPERIMENT_NAME``, else ``"rllog"`` (``"Default"`` for the transformers integration's default
+            project, as transformers' ``MLflowCallback``).
         run_id: an existing MLflow run to log into; default ``MLFLOW_RUN_ID``, else the run of an
             earlier session, else the run tagged with the rllog run id, else a new one.
         tags: tags set on the run (``{name: value}``); default ``MLFLOW_TAGS`` (a JSON object).
@@ -407,6 +440,7 @@ class MlflowSink:
         run = self._find_run(run_info.run_id)
         if run is None:
             tags = {mlflow_key(t): "" for t in run_info.tags if not mlflow_key(t).startswith("mlflow.")}
+            tags.update(system_tags(run_info))
             tags[RUN_ID_TAG] = run_info.run_id
             run = self._client.create_run(self.experiment_id, run_name=run_info.name or None, tags=tags)
         return run
@@ -414,7 +448,7 @@ class MlflowSink:
     def _experiment(self, run_info: RunInfo, uri: str | None) -> str:
         from mlflow.exceptions import MlflowException
 
-        name = first(self.experiment_name, explicit_project(run_info), env("MLFLOW_EXPERIMENT_NAME"), run_info.project, "Default")
+        name = experiment_name(run_info, self.experiment_name)
         experiment = self._client.get_experiment_by_name(name)
         if experiment is None:
             try:

@@ -62,7 +62,16 @@ from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, Tab
 from rllog.sink import Capabilities, took
 from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
 from rllog_backends._cells import cell
-from rllog_backends._conventions import Remembered, env, explicit_name, explicit_project, first
+from rllog_backends._conventions import (
+    TRANSFORMERS_LAYOUT,
+    Remembered,
+    env,
+    explicit_name,
+    explicit_project,
+    first,
+    nest,
+    split_transformers_config,
+)
 
 STEP_KEY = "rllog/step"
 MAX_TABLE_ROWS = 10_000  # wandb.Table.MAX_ROWS: rows beyond it are cut when a table is logged
@@ -316,6 +325,13 @@ class WandbSink:
             delivery process) and ``program`` (the trainer's) unless given here.
         close_timeout: seconds ``close`` waits, after ``run.finish``, for wandb's service to write the
             run's exit record to the local ``.wandb`` file (``run.finish`` can return before it does).
+        summary_keys: ``{metric: summary key}``: a metric's value also goes to the run summary under that key
+            (the transformers integration passes ``{"train/train_runtime": "train_runtime", ...}``: the runs table's
+            columns of transformers' ``WandbCallback``).
+        config_layout: ``"rllog"`` (default): the config's keys as rllog flattened them (``a/b``);
+            ``"transformers"``: as transformers' ``WandbCallback`` gives it: dict values nested again
+            (``accelerator_config``, ``rope_parameters``), the model config's keys (``model/...``) at the top level
+            under the TrainingArguments', ``model/num_parameters`` as it is.
 
     Example:
         >>> sink = WandbSink(entity="my-team", settings={"x_stats_sampling_interval": 30})
@@ -356,9 +372,15 @@ class WandbSink:
         max_table_rows: int = MAX_TABLE_ROWS,
         settings: dict[str, Any] | None = None,
         close_timeout: float = 30.0,
+        summary_keys: dict[str, str] | None = None,
+        config_layout: str = "rllog",
     ):
         if max_table_rows < 1:
             raise ValueError("max_table_rows must be at least 1")
+        if config_layout not in ("rllog", TRANSFORMERS_LAYOUT):
+            raise ValueError(f"config_layout must be 'rllog' or {TRANSFORMERS_LAYOUT!r}, not {config_layout!r}")
+        self.summary_keys = dict(summary_keys or {})
+        self.config_layout = config_layout
         self.project = project
         self.entity = entity
         self.name = name
@@ -398,7 +420,7 @@ class WandbSink:
                     job_type=first(self.job_type, env("WANDB_JOB_TYPE")),
                     mode=self.mode,  # type: ignore[arg-type]  # a str option, checked by wandb
                     resume=first(self.resume, env("WANDB_RESUME"), DEFAULT_RESUME),
-                    config=dict(run_info.config),
+                    config=self._config(run_info.config),
                     allow_val_change=True,  # a resumed run gets the same config again
                     dir=str(directory),
                     # A new run object every time, without touching wandb.run: works from any
@@ -427,11 +449,26 @@ class WandbSink:
             "tags": first(_clean_tags(run_info.tags), _clean_tags((env("WANDB_TAGS") or "").split(",")), remembered.get("tags")),
         }
 
+    def _config(self, flat: Any) -> dict[str, Any]:
+        """The config as this sink's ``config_layout`` gives it to wandb."""
+        if self.config_layout != TRANSFORMERS_LAYOUT:
+            return dict(flat)
+        args, model, own = split_transformers_config(flat)
+        return {**nest(model), **nest(args), **own}  # WandbCallback: the arguments win over a model key of that name
+
+    def _summarize(self, records: Sequence[MetricsRecord]) -> None:
+        """The values of ``summary_keys`` metrics into the run summary (set again by a repeated call: the same values)."""
+        summary = {self.summary_keys[k]: v for r in records for k, v in r.values.items() if k in self.summary_keys}
+        if summary:
+            with _mapped():
+                self._require_run().summary.update(summary)
+
     def _settings(self, run_info: RunInfo) -> dict[str, Any]:
         trainer = {"program": run_info.program} if run_info.program else {}
         return {**DEFAULT_SETTINGS, **trainer, **self.settings}
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        self._summarize(records)
         run = self._require_run()
         # Consecutive records of one step share a history row (a ``run.log`` costs ~2 ms).
         for step, row, last_seq in step_rows(records, lambda k: wandb_key(k, self.step_key)):
@@ -467,7 +504,7 @@ class WandbSink:
         """Config given after ``open`` (``Run.update_config``): ``run.config.update``, changed values allowed."""
         run = self._require_run()
         with _mapped():
-            run.config.update(dict(record.values), allow_val_change=True)
+            run.config.update(self._config(record.values), allow_val_change=True)
 
     def write_alert(self, record: AlertRecord) -> None:
         """A health alert as a wandb alert (``run.alert``; stored in the run file offline, e-mailed/Slacked online).

@@ -44,8 +44,10 @@ comet_ml.experiment.get_env_cloud_details = lambda *a, **k: None
 from tiny_grpo import make_grpo_trainer
 
 model_dir, out, mode, trackers = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+# docs/trl.md's example class name, "Trainer": TRL's profiling names must stay TRL's (GRPOTrainer.*)
 trainer = make_grpo_trainer(model_dir, out, steps=STEPS, report_to=trackers, mixin=mode == "rllog", eval_prompts=1,
-                            eval_strategy="steps", eval_steps=STEPS, log_unique_prompts=True, rllog_options={"health": False})
+                            eval_strategy="steps", eval_steps=STEPS, log_unique_prompts=True, rllog_options={"health": False},
+                            trainer_class_name="Trainer")
 trainer.train()
 result = {"num_parameters": trainer.model.num_parameters()}
 if mode == "rllog":
@@ -104,7 +106,8 @@ def both_ways(tmp_path_factory):
     for mode, (env_dirs, proc) in runs.items():
         stdout, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"{mode}: {stderr[-4000:]}"
-        results[mode] = (env_dirs, json.loads(stdout.strip().splitlines()[-1]), root / mode / "out")
+        result = json.loads(stdout.strip().splitlines()[-1]) | {"stderr": stderr}
+        results[mode] = (env_dirs, result, root / mode / "out")
     return results
 
 
@@ -292,3 +295,93 @@ def test_config_keeps_the_users_report_to_as_a_list_where_the_tracker_takes_list
     assert wandb_rows(native_env)[1]["report_to"] == trackio_run(native_env).config["report_to"] == TRACKERS
     assert readers.wandb.read_back(env, info).config["report_to"] == TRACKERS
     assert readers.trackio.read_back(env, info).config["report_to"] == TRACKERS
+
+
+# -- run metadata: what a runs table, a saved view or a filter reads besides the charts ------------------
+def wandb_summary(path: Path) -> dict:
+    summary: dict = {}
+    for kind, msg in readers.wandb.iter_records(path):
+        if kind == "summary":
+            for item in msg.update:
+                summary["/".join(readers.wandb._key(item))] = json.loads(item.value_json)
+    return summary
+
+
+def test_wandb_run_summary_and_nested_config_are_transformers(both_ways):
+    """The runs table's ``train_loss``/``train_runtime`` columns (WandbCallback's run summary) and dict-valued
+    arguments kept as one dict value (``accelerator_config``, the model's ``rope_parameters``)."""
+    native_env = both_ways["native"][0]
+    native_summary, native_config = wandb_summary(wandb_run_file(native_env)), wandb_rows(native_env)[1]
+    env, info, _ = rllog_info(both_ways)
+    (ours_file,) = readers.wandb.run_files(env["WANDB_DIR"], readers.wandb.wandb_run_id(info.run_id))
+    ours_summary, ours = wandb_summary(ours_file), readers.wandb.read_back(env, info)
+    single_values = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos"}
+    assert single_values <= set(native_summary) and single_values <= set(ours_summary), set(ours_summary)
+    for key in ("train_loss", "total_flos"):  # the deterministic ones
+        assert ours_summary[key] == pytest.approx(native_summary[key], rel=1e-6), key
+    for key in ("accelerator_config", "rope_parameters", "id2label"):
+        assert isinstance(native_config[key], dict) and ours.config[key] == native_config[key], key
+    assert ours.config["model/num_parameters"] == native_config["model/num_parameters"]
+    assert ours.config["hidden_size"] == native_config["hidden_size"]  # the model's keys at the top, as WandbCallback
+
+
+def native_mlflow_run(env: dict):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+    runs = [(e.name, r) for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_mlflow_experiment_and_system_tags_name_the_training_script(both_ways):
+    native_experiment, native = native_mlflow_run(both_ways["native"][0])
+    ours_experiment, ours = native_mlflow_run(rllog_info(both_ways)[0])
+    assert native_experiment == ours_experiment == "Default"
+    system = ("mlflow.user", "mlflow.source.name", "mlflow.source.type")
+    assert {k: native.data.tags.get(k) for k in system} == {k: ours.data.tags.get(k) for k in system}
+    assert ours.data.tags["mlflow.source.name"].endswith("train.py")  # the script, not rllog's agent
+    assert ours.data.params["accelerator_config/split_batches"] == "False"  # params cannot nest: flattened
+
+
+def comet_archive(env: dict, run_id: str | None = None) -> tuple[dict, list[dict], Path]:
+    import zipfile
+
+    for path in Path(env["COMET_OFFLINE_DIRECTORY"]).glob("*.zip"):
+        archive = zipfile.ZipFile(path)
+        messages = list(readers.comet_ml._messages(archive))
+        others = {m["payload"].get("key"): m["payload"].get("value") for m in messages if m["type"] == "log_other"}
+        if run_id is None or others.get(readers.comet_ml.RUN_ID_KEY) == run_id:
+            return json.loads(archive.read("experiment.json")), messages, path
+    raise AssertionError(f"no Comet archive of run {run_id}")
+
+
+def comet_params(messages: list[dict]) -> dict:
+    """Every parameter by name (Comet writes a list-valued one under ``params``, any other under ``param``)."""
+    params = [m["payload"].get("param") or m["payload"]["params"] for m in messages if m["type"] == "parameter_msg"]
+    return {p["paramName"]: p["paramValue"] for p in params}
+
+
+def test_comet_project_parameters_and_environment_are_what_its_callback_records(both_ways):
+    native_meta, native, _ = comet_archive(both_ways["native"][0])
+    env, info, _ = rllog_info(both_ways)
+    ours_meta, ours, archive = comet_archive(env, info.run_id)
+    assert native_meta["project_name"] is None and ours_meta["project_name"] is None  # Comet's own default project
+    native_params, ours_params = comet_params(native), comet_params(ours)
+    assert {"args|learning_rate", "args|accelerator_config|split_batches", "config|rope_parameters|rope_theta"} <= set(
+        native_params
+    )
+    assert set(native_params) <= set(ours_params), set(native_params) - set(ours_params)  # run_arg_<i> included
+    # each process has its own output dir and mode argument; a token is redacted (rllog's mark, transformers' own)
+    varying = ("args|output_dir", "run_arg_1", "run_arg_2", "args|hub_token")
+    assert {k: str(v) for k, v in native_params.items() if k not in varying} == {
+        k: str(ours_params[k]) for k in native_params if k not in varying
+    }
+    kinds = {m["type"] for m in ours}
+    assert {"file_name", "installed_packages", "os_packages", "graph"} <= kinds, kinds
+    (source,) = [m for m in ours if m["type"] == "file_upload" and m["payload"]["additional_params"].get("type") == "source_code"]
+    assert source["payload"]["additional_params"]["fileName"].endswith("train.py")
+    (graph,) = [m["payload"]["graph"] for m in ours if m["type"] == "graph"]
+    assert graph == next(m["payload"]["graph"] for m in native if m["type"] == "graph")  # str(model), the trainer's
+    # the `comet upload` hint reaches the terminal, as Comet's own callback prints it there
+    assert f"comet upload {archive}" in both_ways["rllog"][1]["stderr"], both_ways["rllog"][1]["stderr"][-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -265,7 +266,8 @@ def test_grpo_end_to_end_reaches_every_tracker(tiny_model, tmp_path, tracker_dir
             backend
         )
         assert any(k.startswith(PROFILED) for k in got.metrics), backend
-        assert "'comet_ml'" in str(got.config["report_to"]), backend  # the user's report_to, not what TRL is left with
+        report_to = got.config["args|report_to" if backend == "comet_ml" else "report_to"]  # Comet: its callback's layout
+        assert "'comet_ml'" in str(report_to), backend  # the user's report_to, not what TRL is left with
         assert float(got.config["model/num_parameters"]) == trainer.model.num_parameters(), backend
         steps = [s for s, _ in got.tables["completions"]]
         assert steps == [1, 2], backend
@@ -699,7 +701,7 @@ def test_a_reward_function_returning_none_by_design_raises_no_alert(tiny_model, 
         str(tmp_path / "out"),
         steps=2,
         report_to=["parquet"],
-        rllog_options={"run_dir": str(run_dir)},
+        rllog_options={"run_dir": str(run_dir), "health": True},
         log_completions=False,
     )
     trainer.reward_funcs.append(reward_for_other_tasks)
@@ -962,3 +964,90 @@ def test_evaluate_after_finish_continues_the_run_and_hides_none_of_the_training(
 
     assert ("train/reward", 2) in rows("latest") and any(k.startswith("eval/") for k, _ in rows("latest"))
     assert rows("latest") == rows("all")
+
+
+# -- switching from transformers' own callbacks (issue 36) ---------------------------------------------
+def test_report_to_none_with_the_mixin_writes_no_run_and_no_file_as_transformers(
+    tiny_model, tmp_path, tracker_dirs, monkeypatch, caplog
+):
+    """transformers' "none" (its default): no tracker, no files, no alert lines; rllog.log in user code still works."""
+    workdir = tmp_path / "workdir"  # where rllog_runs/ would appear without RLLOG_DIR
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+
+    def reward_logging_itself(completions, **kwargs):
+        rllog.log({"mine": 1.0})
+        return [0.0] * len(completions)
+
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=1, report_to="none", rllog_options={"health": True})
+    trainer.reward_funcs.append(reward_logging_itself)
+    trainer.reward_func_names.append("reward_logging_itself")
+    trainer.reward_weights = __import__("torch").ones(3)
+    trainer.reward_processing_classes.append(None)
+    trainer.train()
+    assert isinstance(trainer.rllog_run, rllog.NullRun) and trainer.rllog_run.finish() is not None
+    assert not any(Path(tracker_dirs["RLLOG_DIR"]).iterdir()) and not any(workdir.iterdir())
+    assert not [r for r in caplog.records if r.name.startswith("rllog")], [r.getMessage() for r in caplog.records]
+
+
+def test_report_to_all_and_every_tracker_rllog_has_a_backend_for_go_through_rllog(tiny_model, tmp_path):
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    from rllog.integrations.transformers import split_report_to
+
+    assert split_report_to(["wandb", "dvclive", "clearml", "swanlab", "neptune", "parquet"]) == (
+        ["wandb", "dvclive", "clearml", "swanlab", "parquet"],
+        ["neptune"],
+    )
+    trainer = make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=1, report_to="all")
+    installed = get_available_reporting_integrations()
+    assert trainer.rllog_callback.report_to == [n for n in installed if n in split_report_to(installed)[0]]
+    tracker_callbacks = tuple(INTEGRATION_TO_CALLBACK.values())
+    assert not [type(c).__name__ for c in trainer.callback_handler.callbacks if isinstance(c, tracker_callbacks)]
+
+
+def test_a_wandbcallback_subclass_beside_the_mixin_gets_one_warning_naming_rllog_log(tiny_model, tmp_path, caplog):
+    """The pattern of a popular how-to (subclass WandbCallback, log an extra key in on_log) opens a second wandb run."""
+    from transformers.integrations import WandbCallback
+
+    class ExtraKeyCallback(WandbCallback):
+        def on_log(self, args, state, control, model=None, logs=None, **kwargs):
+            super().on_log(args, state, control, model=model, logs=logs, **kwargs)
+            self._wandb.log({"extra": 1.0})
+
+    make_grpo_trainer(tiny_model, str(tmp_path / "out"), steps=1, report_to=["wandb"], callbacks=[ExtraKeyCallback()])
+    warned = [r.getMessage() for r in caplog.records if r.name == "rllog.integrations" and r.levelname == "WARNING"]
+    assert len(warned) == 1 and "rllog.log(" in warned[0] and "ExtraKeyCallback (a WandbCallback)" in warned[0], warned
+
+
+def test_a_tracker_run_of_the_training_process_beside_the_plain_callback_gets_one_warning(tmp_path, caplog, monkeypatch):
+    """A tracker run the training process opened itself (wandb.init) for a tracker rllog delivers to, found at the
+    first log, once."""
+    import wandb
+
+    from rllog.integrations import transformers as integration
+
+    monkeypatch.setattr(integration, "prepare_agent", lambda *a, **k: None)  # no standby agent: nothing is delivered here
+    callback = integration.RLLogCallback(report_to="wandb,parquet")
+    callback._warn_other_runs()
+    assert not caplog.records  # no wandb run in this process yet
+    callback._other_runs_checked = False
+    run = wandb.init(mode="disabled")  # the user's own run: wandb.run is set as by any wandb.init
+    try:
+        callback._warn_other_runs()
+        callback._warn_other_runs()
+    finally:
+        run.finish()
+    warned = [r.getMessage() for r in caplog.records if r.name == "rllog.integrations"]
+    assert len(warned) == 1 and "a wandb run of its own" in warned[0] and "rllog.log(" in warned[0], warned
+
+
+def test_the_plain_callback_records_the_report_to_it_was_given(monkeypatch, tmp_path):
+    from transformers import TrainingArguments
+
+    from rllog.integrations import transformers as integration
+
+    monkeypatch.setattr(integration, "prepare_agent", lambda *a, **k: None)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
+    callback = integration.RLLogCallback(report_to="mlflow,parquet")
+    assert integration.trainer_config(args, None, callback._given_report_to(args))["report_to"] == ["mlflow", "parquet"]

@@ -55,12 +55,16 @@ def make_grpo_trainer(
     mixin: bool = True,
     conversational: bool = False,
     eval_prompts: int = 0,
+    trainer_class_name: str = "GRPOTrainer",
+    callbacks: list | None = None,
     **config_overrides: Any,
 ):
     """A GRPOTrainer (with :class:`rllog.integrations.trl.RLLogMixin`, unless ``mixin=False``) on the tiny model, CPU only.
 
     4 completions a step, logged every step, rewarded by :func:`reward_has_digit` and :func:`reward_short`;
     ``eval_prompts`` of the prompts make the eval dataset; ``config_overrides`` go to ``GRPOConfig``.
+    ``trainer_class_name`` names the mixin class (docs/trl.md's example names it ``Trainer``). rllog's health rules
+    are off unless ``rllog_options`` says ``health``: a random tiny model trips them at every step.
     """
     from trl import GRPOConfig, GRPOTrainer
 
@@ -70,6 +74,7 @@ def make_grpo_trainer(
         reward_funcs=[reward_has_digit, reward_short],
         args=GRPOConfig(**settings),
         train_dataset=grpo_dataset(conversational),
+        callbacks=callbacks,
     )
     if eval_prompts:
         kwargs["eval_dataset"] = grpo_dataset(conversational).select(range(eval_prompts))
@@ -77,6 +82,6 @@ def make_grpo_trainer(
         return GRPOTrainer(**kwargs)
     from rllog.integrations.trl import RLLogMixin
 
-    # Named as TRL's class, as a user switching keeps it: TRL's profiling timings are named after the class.
-    trainer_class = type("GRPOTrainer", (RLLogMixin, GRPOTrainer), {})
+    trainer_class = type(trainer_class_name, (RLLogMixin, GRPOTrainer), {})
+    rllog_options = {"health": False, **(rllog_options or {})}
     return trainer_class(**kwargs, rllog_options=rllog_options, rllog_report_to=rllog_report_to)

@@ -28,7 +28,9 @@ that raised or an ``evaluate()``): the run's id and directory travel in the chec
 
 from __future__ import annotations
 
+import atexit
 import gc
+import json
 import logging
 import math
 import os
@@ -38,28 +40,37 @@ import sys
 import threading
 import weakref
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 import rllog
 from rllog.errors import InvalidValue, RunFinished
+from rllog.registry import BUILTIN
 from rllog.validate import flatten, to_scalar
 
 log = logging.getLogger("rllog.integrations")
 
-# transformers' report_to names that rllog serves (transformers name -> rllog backend name).
-SERVED = {
-    "wandb": "wandb",
-    "tensorboard": "tensorboard",
-    "mlflow": "mlflow",
-    "trackio": "trackio",
-    "comet_ml": "comet_ml",
-    "parquet": "parquet",
-    "console": "console",
+# transformers' report_to names that rllog serves: every built-in backend (wandb, tensorboard, mlflow, trackio,
+# comet_ml, swanlab, clearml, dvclive: transformers' names are rllog's) and rllog's own parquet and console.
+SERVED = {name: name for name in BUILTIN}
+# What transformers' callbacks keep as the run summary (WandbCallback's single_value_scalars), as wandb names them.
+WANDB_SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+# The tracker runs a process can hold open through each tracker's own module-level API (tracker -> how to find it).
+# rllog's own sinks never make one (wandb's reinit="create_new", MLflow's client, trackio's Run objects), so one found
+# in the trainer's process was started beside rllog: a transformers callback of the user's (a subclass) or their code.
+OWN_RUN_FINDERS = {
+    "wandb": lambda module: getattr(module, "run", None),
+    "mlflow": lambda module: module.active_run(),
 }
 PREFIXES = {"eval_": "eval/", "test_": "test/"}
 TRAIN_PREFIX = "train/"
+# Where the Comet backend lists a run's offline archives (RUN_DIR/trackers/comet_ml.json, docs/formats.md), and the
+# line Comet itself prints for them at the end of a process that logged offline (its OFFLINE_EXPERIMENT_END).
+COMET_TRACKER_FILE = os.path.join("trackers", "comet_ml.json")
+COMET_ARCHIVES_KEY = "offline_archives"
+COMET_UPLOAD_HINT = "COMET INFO: To upload this offline experiment, run:\n    comet upload {}"
 # The key, in TrainerState.stateful_callbacks (saved in every checkpoint's trainer_state.json), of the run to resume.
 STATE_KEY = "rllog"
 DEFAULT_PROJECT = "huggingface"  # TrainingArguments.project's default, and the wandb project transformers uses by default
@@ -87,6 +98,17 @@ def split_report_to(report_to: Any) -> tuple[list[str], list[str]]:
     ours = [SERVED[n] for n in report_to if n in SERVED]
     theirs = [n for n in report_to if n not in SERVED and n != "none"]
     return ours, theirs
+
+
+def selects_nothing(report_to: Any) -> bool:
+    """Whether ``report_to`` names no tracker at all (``"none"``, ``[]``): transformers' meaning, no tracker, no
+    files. ``None`` (not given) is not nothing: it selects rllog's embedded default."""
+    return report_to is not None and not _selected_names(report_to) and not _has_sink_object(report_to)
+
+
+def _has_sink_object(report_to: Any) -> bool:
+    items = report_to if isinstance(report_to, (list, tuple)) else [report_to]
+    return any(not isinstance(item, str) for item in items)
 
 
 def trainer_config(args: Any, model: Any = None, report_to: Any = None) -> dict:
@@ -146,11 +168,19 @@ class _Release:
         self.run: Any = run
         self.status = "finished"
         self.orphaned = False  # set by the finalizer: the callback (and its trainer) is gone
+        self.hinted = False  # the `comet upload` hint of the finished run was said
+
+    def say_offline_uploads(self) -> None:
+        """Once the run is finished (by anyone: ``trainer.rllog_run.finish()`` included), say its upload hint, once."""
+        if self.run.finished and not self.hinted:
+            self.hinted = True
+            say_offline_uploads(self.run)
 
     def finish(self) -> None:
         try:
             if not self.run.finished:
                 self.run.finish(self.status)
+            self.say_offline_uploads()
         except Exception as exc:  # on the reaper thread or at a new run's start: nobody to raise to
             log.error("rllog: finishing %s after its trainer was released failed: %s", self.run.run_dir, exc)
         finally:
@@ -170,6 +200,32 @@ def _on_callback_collected(release: _Release) -> None:
     _orphans.put(release)
 
 
+def say_offline_uploads(run: Any) -> None:
+    """On the trainer's stderr, what Comet prints at the end of a process that logged offline: the ``comet upload``
+    command for the run's archives (the Comet sink runs in the delivery agent, whose output goes to its log)."""
+    run_dir = getattr(run, "run_dir", None)
+    if run_dir is None:
+        return
+    try:
+        archives = json.loads((Path(run_dir) / COMET_TRACKER_FILE).read_text()).get(COMET_ARCHIVES_KEY) or []
+    except (OSError, ValueError, AttributeError):  # no Comet sink, or nothing it could write: nothing to say
+        return
+    if archives:
+        print(COMET_UPLOAD_HINT.format(" ".join(archives)), file=sys.stderr, flush=True)
+
+
+@atexit.register
+def _finish_integration_runs() -> None:
+    """At exit, finish the runs the integrations started (with the outcome their trainer saw) before rllog finishes
+    every other live run, and say the ``comet upload`` hint of each, as Comet says it at the exit of a process that
+    logged offline."""
+    crashed = getattr(sys, "last_type", None) is not None  # an uncaught exception: rllog's own rule at exit
+    for release in list(_releases):
+        if crashed and release.status == "finished":
+            release.status = "failed"
+        release.finish()
+
+
 def _reap_forever() -> None:
     while True:
         _orphans.get().finish()
@@ -187,6 +243,7 @@ def _release_collected_runs() -> None:
     """Before a new run: finish the runs of trainers that are garbage now (a replaced trainer in a notebook, a
     sweep, a test suite), so that one process never keeps one delivery agent per trainer it ever built."""
     for release in [r for r in list(_releases) if r.run.finished]:  # finished by the user: nothing to release
+        release.say_offline_uploads()
         _releases.discard(release)
     if not _releases:
         return
@@ -213,7 +270,8 @@ class RLLogCallback(TrainerCallback):
     """Sends a Trainer's logs (and config) to an rllog run.
 
     Args:
-        report_to: rllog backends (default: the embedded default, parquet). Ignored if ``run`` is given.
+        report_to: rllog backends (default: the embedded default, parquet); ``"none"`` (or ``[]``): no tracker and
+            no files, as in transformers (the run is a :class:`rllog.NullRun`). Ignored if ``run`` is given.
         run: an existing :class:`rllog.Run` to log into (then it is yours to finish).
         train_prefix: put before training keys (default ``"train/"``, as transformers' wandb, TensorBoard,
             trackio and Comet callbacks do); ``""`` logs them bare.
@@ -249,13 +307,18 @@ class RLLogCallback(TrainerCallback):
         # The run about to be reopened is resumed from a checkpoint (a restart: what the earlier attempt logged from
         # the resumed step on is superseded); otherwise a reopened run continues (evaluate() after finish()).
         self._resuming_checkpoint = False
-        if run is None:
+        self._other_runs_checked = False  # the one look for a tracker run started beside rllog's (_warn_other_runs)
+        if run is None and not selects_nothing(report_to):
             prepare_agent(self, report_to, init_kwargs)
 
     # -- the run ---------------------------------------------------------------------------------
     def start(self, args: Any, model: Any = None, state: Any = None) -> rllog.Run | rllog.NullRun:
         """Start the run now (idempotent); resumes the run a checkpoint's ``state`` names."""
         if self.run is not None and not (self._release is not None and self.run.finished):
+            return self.run
+        if selects_nothing(self.report_to):  # transformers' "none": nothing written, rllog.log still works
+            self.run = rllog.NullRun(self.report_to, reduce_across_ranks=False)
+            rllog._make_current(self.run)
             return self.run
         previous = self.run  # a run this callback started and that was finished: continue it
         _release_collected_runs()
@@ -269,9 +332,9 @@ class RLLogCallback(TrainerCallback):
         kwargs.update(self._resume_kwargs(_saved_run(state), previous))
         kwargs.update(self.init_kwargs)
         kwargs["backend_options"] = self._backend_options(
-            args, kwargs.get("backend_options"), _saved_run(state), _trial(state)[0]
+            args, kwargs.get("backend_options"), _saved_run(state), _trial(state)[0], model
         )
-        config = trainer_config(args, model, self.args_report_to)
+        config = trainer_config(args, model, self._given_report_to(args))
         trial_params = _trial(state)[1]
         if trial_params:
             config["trial"] = dict(trial_params)  # the trial's hyperparameters, as transformers' callbacks log them
@@ -292,6 +355,8 @@ class RLLogCallback(TrainerCallback):
         if self.run is None:
             return None
         report = self.run.finish(status, timeout)
+        if self._release is not None:
+            self._release.say_offline_uploads()
         return None if isinstance(self.run, rllog.NullRun) else report
 
     def start_elsewhere(self) -> rllog.NullRun:
@@ -348,13 +413,28 @@ class RLLogCallback(TrainerCallback):
             kwargs["run_dir"] = run_dir
         return kwargs  # without the directory (another machine): found by id under the runs root, or a new one with that id
 
-    def _backend_options(self, args: Any, options: Any, saved: dict | None, trial_name: str | None = None) -> dict:
-        """The caller's backend options, plus TensorBoard's log directory where transformers writes it:
+    def _given_report_to(self, args: Any) -> list[str]:
+        """The ``report_to`` to record in the config: the user's (the mixin passes it), else the TrainingArguments'
+        names followed by those given to this callback (with the plain callback, ``args.report_to`` is often
+        ``[]``, the user's names being the callback's)."""
+        if self.args_report_to is not None:
+            return list(self.args_report_to)
+        given = list(getattr(args, "report_to", None) or [])
+        return given + [name for name in _selected_names(self.report_to) if name not in given]
+
+    def _backend_options(
+        self, args: Any, options: Any, saved: dict | None, trial_name: str | None = None, model: Any = None
+    ) -> dict:
+        """The caller's backend options, plus what makes each tracker's run look as transformers' own callback makes
+        it (:func:`transformers_options`), and TensorBoard's log directory where transformers writes it:
         ``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>`` (``/<trial_name>`` added for a named hyperparameter search
         trial; the same one again when the run resumes), unless
         ``TENSORBOARD_LOGGING_DIR`` or a ``logdir`` option says otherwise."""
         options = {name: dict(values) for name, values in (options or {}).items()}
-        selects_tensorboard = "tensorboard" in _selected_names(self.report_to)
+        selected = _selected_names(self.report_to)
+        for name, defaults in transformers_options(selected, self.train_prefix, model).items():
+            options[name] = {**defaults, **options.get(name, {})}  # the caller's options win
+        selects_tensorboard = "tensorboard" in selected
         given = options.get("tensorboard", {}).get("logdir") or os.environ.get("TENSORBOARD_LOGGING_DIR")
         output_dir = getattr(args, "output_dir", None)
         if selects_tensorboard and not given and output_dir:
@@ -384,8 +464,9 @@ class RLLogCallback(TrainerCallback):
     def wait_for_trackers(self, timeout: float | None = None) -> Any:
         """Wait until every tracker holds every record logged so far (:meth:`rllog.Run.flush`, at most ``timeout``,
         default ``flush_timeout``, seconds) and return the report; None without a run. ``train()`` and
-        ``evaluate()`` do not wait (they ask the trackers to flush at once as they end; with five trackers they
-        hold everything 0.14-0.19 s later, measured): call this before reading a tracker's files in the same process.
+        ``evaluate()`` do not wait (they ask the trackers to flush at once as they end; with five trackers the wait
+        took 0.02-0.21 s after runs of 12 and 120 steps, docs/trl.md): call this before reading a tracker's files in
+        the same process.
 
         Example:
             >>> trainer.train()
@@ -483,6 +564,7 @@ class RLLogCallback(TrainerCallback):
         if self._clock.state is None:
             self._clock.state = state
         run = self.start(args, model, state)
+        self._warn_other_runs()  # at the first log every callback's on_train_begin has run (a WandbCallback's wandb.init)
         values = {self._rename(key): math.nan if value is None else value for key, value in logs.items()}
         try:
             run.log(values, step=state.global_step)  # validates; the common case: every value is a number
@@ -494,6 +576,24 @@ class RLLogCallback(TrainerCallback):
 
     def _rename(self, key: str) -> str:
         return rename(key, self.train_prefix)
+
+    def _warn_other_runs(self) -> None:
+        """Once: warn when the trainer's process holds a tracker run of its own for a tracker rllog delivers to
+        (a ``WandbCallback`` subclass that logs an extra key, a user's ``wandb.init``): that is a second run beside
+        rllog's, and what it logs never reaches rllog's run. Only trackers already imported are looked at."""
+        if self._other_runs_checked or isinstance(self.run, rllog.NullRun):
+            return
+        self._other_runs_checked = True
+        found = []
+        for name in _selected_names(self.report_to):
+            module, finder = sys.modules.get(name), OWN_RUN_FINDERS.get(name)
+            try:
+                if module is not None and finder is not None and finder(module) is not None:
+                    found.append(name)
+            except Exception:  # a tracker's own state that cannot be read: nothing to say about it
+                continue
+        if found:
+            warn_second_tracker_run(", ".join(found), "code in the training process")
 
     def _numbers_only(self, logs: dict) -> dict:
         """``logs`` renamed, without the values that are not numbers (each warned about once)."""
@@ -548,3 +648,36 @@ def _selected_names(report_to: Any) -> list[str]:
         return [item for item in parse_report_to(report_to) if isinstance(item, str)]
     except Exception:  # rllog.init reports a bad report_to with its own message
         return []
+
+
+def warn_second_tracker_run(trackers: str, starter: str) -> None:
+    """The one warning for a tracker run started beside rllog's, saying what to do instead."""
+    log.warning(
+        "rllog: %s started a %s run of its own in the training process, beside the one rllog delivers to: what it "
+        "logs there never reaches rllog's run. Log extra values with rllog.log({...}) (from a plain TrainerCallback's "
+        "on_log, a reward function, anywhere) and drop the tracker callback or subclass (docs/trl.md, "
+        '"Logging from your own code").',
+        starter,
+        trackers,
+    )
+
+
+def transformers_options(selected: list[str], train_prefix: str, model: Any = None) -> dict[str, dict[str, Any]]:
+    """Backend options that make each selected tracker's run look as transformers' own callback makes it: wandb's
+    run summary (``train_runtime``, ``train_loss``...), wandb's and Comet's config layout (nested dicts kept; Comet's
+    ``args|x`` / ``config|x``), Comet's current epoch, and the model graph Comet's callback records (taken here, in the trainer's process)."""
+    options: dict[str, dict[str, Any]] = {}
+    if "wandb" in selected:
+        options["wandb"] = {
+            "summary_keys": {rename(key, train_prefix): key for key in WANDB_SUMMARY_KEYS},
+            "config_layout": "transformers",
+        }
+    if "comet_ml" in selected:
+        options["comet_ml"] = {
+            "config_layout": "transformers",
+            "epoch_key": rename("epoch", train_prefix),
+            "log_environment": True,
+        }
+        if model is not None:
+            options["comet_ml"]["model_graph"] = str(model)
+    return options

@@ -11,11 +11,13 @@ Example:
 
 What changes:
 
-- The ``report_to`` names rllog serves (wandb, tensorboard, mlflow, trackio, comet_ml, and rllog's own
-  parquet/console) go through rllog; transformers' callbacks for those names are removed, so nothing is
-  logged twice. Names rllog does not serve (e.g. clearml) stay with transformers. ``rllog_report_to=``
-  overrides the list; with no name selected, rllog writes its embedded default (parquet). The run's
-  config records the ``report_to`` the user gave.
+- The ``report_to`` names rllog has a backend for (wandb, tensorboard, mlflow, trackio, comet_ml, swanlab,
+  clearml, dvclive, and rllog's own parquet/console; ``"all"`` included) go through rllog; transformers never
+  builds its callbacks for them, so nothing is logged twice. Other names (e.g. neptune) stay with
+  transformers. ``rllog_report_to=`` overrides the list. ``"none"`` (transformers' default) selects nothing:
+  no tracker and no files, as in transformers (the run is a :class:`rllog.NullRun`). The run's config records
+  the ``report_to`` the user gave. A transformers tracker callback (a subclass) for a name rllog serves, passed
+  in ``callbacks=``, is warned about once: it opens a second run of that tracker.
 - Metric names are transformers' (``train/reward``, ``eval/reward``: :class:`RLLogCallback`).
 - Every logged step's completions table (``step``, prompt, completion, one column per reward function,
   every ``log_extra`` column, advantage; one row per prompt with ``log_unique_prompts``) goes to every
@@ -23,7 +25,8 @@ What changes:
   training, ``eval/completions`` in evaluation. Conversations stay lists of messages. TRL's own
   wandb/trackio-only table path does not run.
 - ``trl.extras.profiling``'s ``profiling/Time taken: ...`` timings, which TRL would write straight to
-  wandb/mlflow/trackio, are logged through rllog, to every selected tracker, at the step being trained.
+  wandb/mlflow/trackio, are logged through rllog, to every selected tracker, at the step being trained, under
+  TRL's names (``GRPOTrainer.<method>``) whatever the mixin class is called.
 - The run starts when ``train()`` or ``evaluate()`` starts. Both return without waiting for the trackers: as
   they end, the trackers are asked to flush what they logged at once (``trainer.rllog_callback.wait_for_trackers()``
   waits for that; ``push_to_hub()`` does, so the TensorBoard files it uploads hold the last step). A trainer that
@@ -41,15 +44,38 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from rllog.errors import RunFinished
-from rllog.integrations.transformers import TRAIN_PREFIX, RLLogCallback, prepare_agent, split_report_to
+from rllog.integrations.transformers import (
+    TRAIN_PREFIX,
+    RLLogCallback,
+    prepare_agent,
+    selects_nothing,
+    split_report_to,
+    warn_second_tracker_run,
+)
 
 EVAL_TABLE = "eval/completions"
 TRAIN_TABLE = "completions"
 _THIS_FILE = (lambda: None).__code__.co_filename  # what the warnings module reports for a frame of this module
-# The callback whose run TRL's profiling timings go to, while a mixin trainer trains or evaluates.
-_profiling_callback: contextvars.ContextVar[RLLogCallback | None] = contextvars.ContextVar(
+# While a mixin trainer trains or evaluates: the callback whose run TRL's profiling timings go to, the trainer's class
+# name and the name of the TRL class it derives from (the timings are named after TRL's class, whatever the user's is).
+_profiling_callback: contextvars.ContextVar[tuple[RLLogCallback, str, str] | None] = contextvars.ContextVar(
     "rllog_profiling_callback", default=None
 )
+
+
+def _trl_class_name(cls: type) -> str:
+    """The name of the first TRL trainer class ``cls`` derives from (``GRPOTrainer`` for ``class Trainer(RLLogMixin,
+    GRPOTrainer)``), as TRL names its profiling timings without the mixin; ``cls``'s own name if none is TRL's."""
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] == "trl":
+            return base.__name__
+    return cls.__name__
+
+
+def _profiling_name(name: str, current: tuple[RLLogCallback, str, str]) -> str:
+    """TRL's timing name (``<class>.<method>``) with the user's class name replaced by TRL's."""
+    _, own, trl = current
+    return trl + name[len(own) :] if name.startswith(own + ".") else name
 
 
 def _text(value: Any) -> str:
@@ -152,12 +178,12 @@ def _route_profiling_through_rllog() -> None:
     @functools.wraps(original)
     def _log_metrics(self, duration: float) -> None:
         original(self, duration)
-        callback = _profiling_callback.get()
-        run = callback.run if callback is not None else None
-        if run is None or not self.is_main_process:
+        current = _profiling_callback.get()
+        run = current[0].run if current is not None else None
+        if current is None or run is None or not self.is_main_process:
             return
         try:
-            run.log({f"{self.metric_prefix}: {self.name}": duration})  # at the step being trained
+            run.log({f"{self.metric_prefix}: {_profiling_name(self.name, current)}": duration})  # at the step being trained
         except RunFinished:
             pass  # the user finished the run and trains on: there is nowhere to log
 
@@ -192,29 +218,43 @@ class RLLogMixin(_TrainerBase):
     ):
         from transformers.integrations import INTEGRATION_TO_CALLBACK
 
-        # transformers refuses names it does not know (parquet, console): take them out before it looks.
+        # transformers builds a callback for each name left in report_to (and refuses names it does not know, such
+        # as parquet): only the names rllog does not serve are left to it, so it never builds one rllog replaces.
         training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         users_report_to = list(getattr(training_args, "report_to", None) or [])
         ours, theirs = split_report_to(getattr(training_args, "report_to", None))
+        # transformers' "none" (its default) selects no tracker: no rllog run, no files either
+        selected = rllog_report_to if rllog_report_to is not None else (ours or "none")
         if training_args is not None:
-            training_args.report_to = [n for n in training_args.report_to if n in INTEGRATION_TO_CALLBACK]
-            # the trackers import while the model loads (rank 0 only: rllog.prepare checks)
-            prepare_agent(self, rllog_report_to if rllog_report_to is not None else (ours or None), rllog_options or {})
+            training_args.report_to = [n for n in theirs if n in INTEGRATION_TO_CALLBACK]
+            if not selects_nothing(selected):  # the trackers import while the model loads (rank 0 only)
+                prepare_agent(self, selected, rllog_options or {})
         _warnings_at(_caller_frame(), super().__init__, *args, **kwargs)
         if training_args is None:
             users_report_to = list(self.args.report_to or [])
             ours, theirs = split_report_to(self.args.report_to)
-        for name in ours:
-            if name in INTEGRATION_TO_CALLBACK:
-                self.remove_callback(INTEGRATION_TO_CALLBACK[name])
-        selected = rllog_report_to if rllog_report_to is not None else (ours or None)
+            selected = rllog_report_to if rllog_report_to is not None else (ours or "none")
         self.rllog_callback = RLLogCallback(
             report_to=selected, train_prefix=rllog_train_prefix, args_report_to=users_report_to, **(rllog_options or {})
         )
         self.add_callback(self.rllog_callback)
+        self._warn_tracker_callbacks(ours)
         # TRL's completions table and profiling read args.report_to; rllog serves those names now.
         self.args.report_to = theirs
         _route_profiling_through_rllog()
+
+    def _warn_tracker_callbacks(self, ours: list[str]) -> None:
+        """Warn (once) about a transformers tracker callback for a tracker rllog serves that is still in the trainer:
+        a user's subclass (``class MyCallback(WandbCallback)``, passed in ``callbacks=``), which opens a second run."""
+        from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+        for callback in self.callback_handler.callbacks:
+            for name in ours:
+                tracker_callback = INTEGRATION_TO_CALLBACK.get(name)
+                if tracker_callback is not None and isinstance(callback, tracker_callback):
+                    warn_second_tracker_run(name, f"{type(callback).__name__} (a {tracker_callback.__name__})")
+                    self.rllog_callback._other_runs_checked = True
+                    return
 
     @property
     def rllog_run(self):
@@ -222,8 +262,11 @@ class RLLogMixin(_TrainerBase):
         the main one)."""
         return self.rllog_callback.run
 
+    def _profiling_target(self) -> tuple[RLLogCallback, str, str]:
+        return self.rllog_callback, type(self).__name__, _trl_class_name(type(self))
+
     def train(self, *args: Any, **kwargs: Any):
-        token = _profiling_callback.set(self.rllog_callback)
+        token = _profiling_callback.set(self._profiling_target())
         try:
             return super().train(*args, **kwargs)
         except KeyboardInterrupt:
@@ -242,7 +285,7 @@ class RLLogMixin(_TrainerBase):
             self.rllog_callback.start(self.args, self.model, self.state)
         else:
             self.rllog_callback.start_elsewhere()
-        token = _profiling_callback.set(self.rllog_callback)
+        token = _profiling_callback.set(self._profiling_target())
         try:
             return super().evaluate(*args, **kwargs)
         finally:

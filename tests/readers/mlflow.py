@@ -1,6 +1,6 @@
 """Read an rllog run back from MLflow's own storage, through ``MlflowClient`` on the same tracking URI.
 
-The run is found by the tag ``rllog.run_id`` in the experiment named ``run_info.project``. Metrics come
+The run is found by the tag ``rllog.run_id`` in the sink's experiment (:func:`rllog_backends.mlflow.experiment_name`). Metrics come
 from ``get_metric_history`` (MLflow's stored order: timestamp, then step), tables from the run's
 ``tables/<name>/step_<step>-seq_<seq>.json`` artifacts (in log order, by seq), config from the run's
 params (strings, as MLflow stores them; a param whose value changed later is kept as it was, its
@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from readers import ReadBack
+from rllog_backends import mlflow as mlflow_sink
 from rllog_backends._conventions import Remembered
 from rllog_backends.mlflow import CONFIG_TAG_PREFIX
 
@@ -33,7 +34,7 @@ def find_run(client, run_info, experiment_name: str | None = None):
     remembered = Remembered(run_info.run_dir, "mlflow", run_info.run_id)
     if remembered.get("run_id") and remembered.get("tracking_uri") == client.tracking_uri and experiment_name is None:
         return client.get_run(remembered.get("run_id"))
-    experiment = client.get_experiment_by_name(experiment_name or run_info.project)
+    experiment = client.get_experiment_by_name(experiment_name or mlflow_sink.experiment_name(run_info))
     if experiment is None:
         return None
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`rllog.run_id` = '{run_info.run_id}'")
@@ -118,7 +119,7 @@ def run_ids(env: dict, run_info) -> set[str]:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name(run_info.project)
+    experiment = client.get_experiment_by_name(mlflow_sink.experiment_name(run_info))
     return {r.info.run_id for r in client.search_runs([experiment.experiment_id])} if experiment else set()
 
 
