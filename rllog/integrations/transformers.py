@@ -255,13 +255,13 @@ def _release_collected_runs() -> None:
 def prepare_agent(owner: object, report_to: Any, init_kwargs: dict) -> None:
     """Start the delivery agent while ``owner`` (a trainer, a callback) is being built, so the trackers are
     imported before ``train()`` (:func:`rllog.prepare`); ``owner`` collected without training releases it."""
-    from rllog import agent
+    from rllog.run import delivery_link
 
     try:
         kwargs = {k: init_kwargs[k] for k in ("delivery", "system_metrics") if k in init_kwargs}
-        standby = agent.waiting_standby() if rllog.prepare(report_to, **kwargs) else None
+        standby = delivery_link.waiting_standby() if rllog.prepare(report_to, **kwargs) else None
         if standby is not None:
-            weakref.finalize(owner, agent.release_standby, standby).atexit = False
+            weakref.finalize(owner, delivery_link.release_standby, standby).atexit = False
     except Exception as exc:  # only an optimisation: the run reports any real problem when it starts
         log.debug("rllog: no standby agent: %s", exc)
 

@@ -48,6 +48,20 @@ def prepare_standby(sink_names: list[str], system_interval: float | None) -> boo
     return agent.prepare(sink_names, system_interval) is not None
 
 
+def waiting_standby() -> Any:
+    """The standby agent :func:`prepare_standby` left waiting for this process (None when there is none)."""
+    from rllog import agent
+
+    return agent.waiting_standby()
+
+
+def release_standby(standby: Any) -> None:
+    """Stop ``standby`` unless a run has taken it (its owner was collected without training)."""
+    from rllog import agent
+
+    agent.release_standby(standby)
+
+
 def follower(name: str, sink: Any, info: RunInfo, flush_interval: float, retry: Any) -> Any:
     """A follower thread (not started) delivering the live journal to ``sink``: an object, or a factory of one."""
     from rllog.delivery import Follower, live_poll_interval
