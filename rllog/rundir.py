@@ -72,7 +72,7 @@ class RunFile:
     )  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
     program: str = ""  # the trainer's sys.argv[0] and arguments (trackers that show a run's command use them)
     args: list[str] = field(default_factory=list)
-    # docs/formats.md. A file without it is format 1 too (it was written before the field existed); a reader
+    # docs/formats.md. A file without the field is format 1 too (format 1 did not require it); a reader
     # meets a later format with the fields it knows and ignores the others.
     format_version: int = RUN_FILE_FORMAT
 

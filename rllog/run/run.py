@@ -136,7 +136,7 @@ class Run(RunBase):
             min(self.flush_interval / 2, JOURNAL_WRITE_INTERVAL),
             next_seq=next_seq,
             on_written=self._check_health if self._monitor else None,
-            on_landed=self._wake_followers_if_asked,
+            on_landed=self._wake_asked_followers,
         )
         self._lock = SignalAwareLock()
         self._scan_lock = SignalAwareLock()
@@ -291,11 +291,11 @@ class Run(RunBase):
         """Ask every sink to flush what was logged so far soon, without waiting: a later :meth:`flush` then waits
         for less. The Hugging Face integration asks ``at_once`` as ``train()`` and ``evaluate()`` end, and returns.
         A sink is flushed at most every :data:`rllog.settings.ASKED_FLUSH_MIN_GAP` for these requests (a flush per
-        step cost the agent more than it saved), unless ``at_once``; its follower reads the journal at once, and
+        step costs the agent more than it saves), unless ``at_once``; its follower reads the journal at once, and
         again every :data:`rllog.settings.POLL_INTERVAL` until the records land.
 
-        The journal writer is woken last: woken first, it took the GIL from the training thread while this call
-        wrote the request. The agent looks at the request every 10 ms."""
+        The journal writer is woken last: woken first, it would take the GIL from the training thread while this
+        call writes the request. The agent looks at the request every 10 ms."""
         with self._lock:
             self._check_open()
             target = self._seq
@@ -304,7 +304,7 @@ class Run(RunBase):
         self._wake_at = target
         self._ask_flush(target, wake_followers=False, soon=not at_once)
         self._writer.wake()
-        self._wake_followers_if_asked(self._writer.written_seq)  # written already (the writer's last tick)
+        self._wake_asked_followers(self._writer.written_seq)  # written already (the writer's last tick)
 
     def _ask_flush(self, target: int, quiet: bool = False, wake_followers: bool = True, soon: bool = False) -> None:
         """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``
@@ -437,7 +437,7 @@ class Run(RunBase):
         )
 
     # -- internals -------------------------------------------------------------------------------
-    def _wake_followers_if_asked(self, written_seq: int) -> None:
+    def _wake_asked_followers(self, written_seq: int) -> None:
         """Wake the in-process followers for a :meth:`request_flush` whose records the journal now holds."""
         wanted = self._wake_at
         if wanted and written_seq >= wanted:
