@@ -142,16 +142,15 @@ def prepare(report_to: Any = None, *, delivery: str = "process", system_metrics:
         >>> model = load_model()                # the trackers are imported meanwhile
         >>> run = rllog.init(["wandb", "mlflow"])
     """
-    from rllog import settings
     from rllog.distributed import global_rank
     from rllog.registry import parse_report_to
-    from rllog.run import delivery_link, system_interval
+    from rllog.run import delivery_link
+    from rllog.run.opening import agent_interval
 
     if delivery != "process" or global_rank() != 0:
         return False
     names = [item for item in parse_report_to(report_to) if isinstance(item, str)]
-    interval = system_interval(system_metrics)
-    settings.check_agent_settings()  # the standby reads them: a bad one is this call's error
+    interval = agent_interval(delivery, system_metrics)  # the standby reads the settings: a bad one is this call's error
     return delivery_link.prepare_standby(names, interval)
 
 
