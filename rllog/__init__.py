@@ -77,6 +77,9 @@ def init(
             (``"process"``, default, or ``"thread"``), ``backend_options`` (``{"wandb": {...}}``), ``quiet``
             (print no line at ``init`` and ``finish``; default ``$RLLOG_QUIET``), and the rest of :class:`Run`'s.
 
+    Returns:
+        The run (a :class:`NullRun` on ranks other than 0), also :func:`current_run` until the next ``init``.
+
     Raises:
         UnknownArgument: an argument :class:`Run` does not take (the message names the closest one).
 
@@ -85,6 +88,11 @@ def init(
     in the cross-rank reduction but opens no tracker and writes no file. ``log`` is then a collective:
     every rank must call it. Code that logs from rank 0 alone (its metrics already reduced) passes
     ``reduce_across_ranks=False``, as the HF/TRL integration does.
+
+    Example:
+        >>> run = rllog.init(report_to="wandb,parquet", project="grpo-math", config={"lr": 1e-6})
+        >>> run.log({"reward": 0.41, "kl": 0.012}, step=10)
+        >>> report = run.finish()  # waits for every tracker; report.ok when each holds every record
     """
     global _current
     from rllog.distributed import global_rank
@@ -116,28 +124,46 @@ def prepare(report_to: Any = None, *, delivery: str = "process", system_metrics:
     first :func:`init` that matches takes it. Nothing is started on ranks other than 0, with
     ``delivery="thread"``, or while a run's agent is alive in this process (one agent at a time);
     a later ``prepare`` with other backends replaces it. The TRL/HF integrations call it when a trainer
-    is built. Returns whether an agent is now waiting.
+    is built.
+
+    Args:
+        report_to: the backends the coming :func:`init` selects (as its ``report_to``; sink objects are ignored).
+        delivery: ``init``'s; with ``"thread"`` there is no agent to start.
+        system_metrics: ``init``'s: the agent samples the trainer's CPU, memory and GPUs.
+
+    Returns:
+        Whether an agent is waiting for the run.
+
+    Raises:
+        InvalidSetting: an ``RLLOG_*`` variable the agent reads has a bad value.
 
     Example:
         >>> rllog.prepare(["wandb", "mlflow"])  # at the top of the script
         >>> model = load_model()                # the trackers are imported meanwhile
         >>> run = rllog.init(["wandb", "mlflow"])
     """
-    from rllog import settings
     from rllog.distributed import global_rank
     from rllog.registry import parse_report_to
-    from rllog.run import delivery_link, system_interval
+    from rllog.run import delivery_link
+    from rllog.run.opening import agent_interval
 
     if delivery != "process" or global_rank() != 0:
         return False
     names = [item for item in parse_report_to(report_to) if isinstance(item, str)]
-    interval = system_interval(system_metrics)
-    settings.check_agent_settings()  # the standby reads them: a bad one is this call's error
+    interval = agent_interval(delivery, system_metrics)  # the standby reads the settings: a bad one is this call's error
     return delivery_link.prepare_standby(names, interval)
 
 
 def current_run() -> Run | NullRun | None:
-    """The run most recently started with :func:`init` (None before the first)."""
+    """The run most recently started with :func:`init` (None before the first).
+
+    Returns:
+        The current :class:`Run` (a :class:`NullRun` on ranks other than 0), or None.
+
+    Example:
+        >>> rllog.init(report_to="parquet")
+        >>> rllog.current_run().log({"loss": 0.7}, step=1)
+    """
     return _current
 
 
@@ -149,12 +175,40 @@ def _make_current(run: Run | NullRun) -> None:
 
 
 def log(values: dict, step: int | None = None) -> None:
-    """``current_run().log(values, step)``; the step defaults to the run's current step + 1."""
+    """Log metrics to the current run: ``current_run().log(values, step)``.
+
+    Args:
+        values: metric name -> a Python or numpy number, a bool or a one-element torch tensor; nested dicts are
+            flattened with ``/``.
+        step: the step they belong to (default: the last step + 1, or the trainer's step under an integration).
+
+    Raises:
+        RllogError: no run in this process (call :func:`init` first).
+        InvalidValue: a value that is not one real number (names the key and the type).
+
+    Example:
+        >>> rllog.init(report_to="parquet")
+        >>> rllog.log({"reward": 0.41, "kl": 0.012}, step=10)
+    """
     _require_run().log(values, step)
 
 
 def log_table(name: str, table: Any, step: int | None = None) -> None:
-    """``current_run().log_table(name, table, step)``."""
+    """Log rows to the current run's table ``name``: ``current_run().log_table(name, table, step)``.
+
+    Args:
+        name: the table's name (every call with it adds rows to one table).
+        table: columns (a dict of equal-length lists), a list of row dicts, a pandas DataFrame or a pyarrow Table.
+        step: the step the rows belong to (default: the step of the last ``log``).
+
+    Raises:
+        RllogError: no run in this process (call :func:`init` first).
+        InvalidTable: ragged columns, a column type no tracker can store, or a type changed since an earlier call.
+
+    Example:
+        >>> rllog.init(report_to="parquet")
+        >>> rllog.log_table("completions", {"prompt": ["1+1="], "completion": ["2"], "reward": [1.0]}, step=10)
+    """
     _require_run().log_table(name, table, step)
 
 
@@ -172,10 +226,18 @@ def _require_run() -> Run | NullRun:
 
 
 def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest"):
-    """Every metric value logged in ``run_dir``: a ``pyarrow.Table`` (step, key, value, time, seq), in seq order,
-    whichever trackers the run was delivered to (:mod:`rllog.read`).
+    """Every metric value logged in ``run_dir``, whichever trackers the run was delivered to (:mod:`rllog.read`).
 
-    ``attempts="latest"`` (default) shows a resumed run as its latest attempt left it; ``"all"`` keeps every row.
+    Args:
+        run_dir: the run's directory (``run.run_dir``).
+        attempts: ``"latest"`` (default) shows a resumed run as its latest attempt left it; ``"all"`` keeps every row.
+
+    Returns:
+        A ``pyarrow.Table`` (step, key, value, time, seq), in seq order.
+
+    Example:
+        >>> metrics = rllog.read_metrics(run.run_dir).to_pandas()
+        >>> metrics[metrics.key == "reward"].plot(x="step", y="value")
     """
     from rllog import read
 
@@ -183,17 +245,40 @@ def read_metrics(run_dir: str | os.PathLike, attempts: str = "latest"):
 
 
 def read_alerts(run_dir: str | os.PathLike, attempts: str = "latest"):
-    """The health alerts of ``run_dir``: a ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level)."""
+    """The health alerts of ``run_dir`` (a reward that collapsed, a KL that exploded, a NaN loss, ...).
+
+    Args:
+        run_dir: the run's directory (``run.run_dir``).
+        attempts: as :func:`read_metrics`'s.
+
+    Returns:
+        A ``pyarrow.Table`` (step, seq, time, rule, metric, value, message, level), in seq order.
+
+    Example:
+        >>> for alert in rllog.read_alerts(run.run_dir).to_pylist():
+        ...     print(alert["step"], alert["message"])
+    """
     from rllog import read
 
     return read.read_alerts(run_dir, attempts)
 
 
 def read_table(run_dir: str | os.PathLike, name: str, attempts: str = "latest"):
-    """Every row logged to table ``name`` in ``run_dir``: a ``pyarrow.Table`` (_step, _seq, columns...).
+    """Every row logged to table ``name`` in ``run_dir``.
+
+    Args:
+        run_dir: the run's directory (``run.run_dir``).
+        name: the table's name, as given to ``log_table``.
+        attempts: as :func:`read_metrics`'s.
+
+    Returns:
+        A ``pyarrow.Table`` (_step, _seq, then the table's columns), in seq order.
 
     Raises:
         KeyError: no table of that name (the message lists the run's tables).
+
+    Example:
+        >>> completions = rllog.read_table(run.run_dir, "completions").to_pandas()
     """
     from rllog import read
 

@@ -386,8 +386,8 @@ class HealthMonitor:
         """Feed one logged step's values to every enabled rule; returns the alerts they raise.
 
         Each rule sees only the keys it watches: which rules watch a key is worked out once per key (a step
-        logs ~40 keys and a handful of rules watch a few of them; asking every rule about every key was
-        ~60% of the journal writer's time, measured).
+        logs ~40 keys and a handful of rules watch a few of them; asking every rule about every key would take
+        ~60% of the journal writer's time).
         """
         routed_for = tuple((id(r), getattr(r, "generation", 0)) for r in self.rules)
         if routed_for != self._routed_for:
@@ -403,7 +403,7 @@ class HealthMonitor:
                 watched.setdefault(id(r), {})[key] = value
         out: list[AlertDraft] = []
         for r in self.rules:
-            own = type(r).observe is not Rule.observe  # a rule with its own observe sees every value, as before
+            own = type(r).observe is not Rule.observe  # a rule with its own observe may look at any key: it sees every value
             if not r.enabled or not (own or id(r) in watched):
                 continue
             try:

@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from rllog.system_metrics import PREFIX as SYSTEM_PREFIX
 
-STATUSES = ("finished", "failed", "killed")  # the run status: how a run ended (not a sink's state; docs/formats.md)
+# The run status: how a run ended. Not a sink's state (rllog.delivery.SinkState) nor a report's
+# (rllog.rundir.ReportState); docs/formats.md lists the three vocabularies.
+RUN_STATUSES = ("finished", "failed", "killed")
 
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:

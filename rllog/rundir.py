@@ -72,7 +72,7 @@ class RunFile:
     )  # {"attempt", "first_seq", "started", "pid"}, one per init/resume
     program: str = ""  # the trainer's sys.argv[0] and arguments (trackers that show a run's command use them)
     args: list[str] = field(default_factory=list)
-    # docs/formats.md. A file without it is format 1 too (it was written before the field existed); a reader
+    # docs/formats.md. A file without the field is format 1 too (format 1 did not require it); a reader
     # meets a later format with the fields it knows and ignores the others.
     format_version: int = RUN_FILE_FORMAT
 
@@ -226,7 +226,18 @@ def html_table(title: str, rows: dict[str, str]) -> str:
 
 # -- the report ------------------------------------------------------------------------------------
 
-DELIVERED, PENDING, FAILED = "delivered", "pending", "failed"  # a sink's state in a report
+
+class ReportState:
+    """A sink's state in :func:`report` (``SinkReport.state``): not its cursor's state (:class:`SinkState`) nor
+    the run status (:data:`rllog.records.RUN_STATUSES`)."""
+
+    DELIVERED = "delivered"  # every record durable in the sink, and the sink closed (or the asked-for seq reached)
+    PENDING = "pending"  # records the sink does not hold yet; `rllog replay` delivers them
+    FAILED = "failed"  # the cursor says failed or gave_up: its records stay pending
+
+
+# Module-level names rllog/cli.py reads the states by.
+DELIVERED, PENDING, FAILED = ReportState.DELIVERED, ReportState.PENDING, ReportState.FAILED
 
 
 @dataclass(frozen=True)
@@ -292,7 +303,7 @@ class FinishReport(dict):
 
     @property
     def ok(self) -> bool:
-        return not self.unwritten and all(r.state == DELIVERED and not r.dead_letters for r in self.values())
+        return not self.unwritten and all(r.state == ReportState.DELIVERED and not r.dead_letters for r in self.values())
 
     def __str__(self) -> str:
         lines = [str(r) for r in self.values()] or ["no sinks"]
@@ -360,13 +371,13 @@ def report(
         delivered = max(0, scan.count_upto(cursor.seq if upto is None else min(cursor.seq, upto)) + ahead - dead)
         pending = max(0, total - delivered - dead)
         if cursor.state in SinkState.BROKEN:
-            state = FAILED
+            state = ReportState.FAILED
         elif pending == 0 and (cursor.state == SinkState.CLOSED or upto is not None):
-            state = DELIVERED
+            state = ReportState.DELIVERED
         else:
-            state = PENDING
+            state = ReportState.PENDING
         error = cursor.error
-        if error is None and state == PENDING:
+        if error is None and state == ReportState.PENDING:
             error = cause or "not delivered before the deadline; run `rllog replay`"
         result[name] = SinkReport(
             name, state, delivered, pending, error, dead, tuple(cursor.dead_letters), tracker_location(run_dir, name)

@@ -224,10 +224,10 @@ def check_agent_settings() -> None:
 
 # -- the trainer side (rllog.run) ------------------------------------------------------------------------------
 # The journal writer hands records to the OS at least this often, so the delivery agent works through them as they
-# come rather than in half-second bursts (the last burst was what a train()'s final flush waited for).
+# come rather than in half-second bursts (a train()'s final flush would wait for the last burst).
 JOURNAL_WRITE_INTERVAL = 0.05
 # How often ``Run.flush`` reads the sinks' cursors while it waits (a read of six cursor files: ~0.2 ms, on a training
-# thread that has nothing else to do then; every 5 ms added 2.5 ms on average to the end of each train()), and, past
+# thread that has nothing else to do then; a 5 ms pace adds 2.5 ms on average to the end of each train()), and, past
 # FLUSH_FAST_POLL_FOR seconds (a tracker that is slow or retrying), the slower pace that costs next to no CPU.
 FLUSH_POLL_SECONDS = 0.002
 FLUSH_FAST_POLL_FOR = 0.5
@@ -259,7 +259,7 @@ FINISH_OVERRUN_MAX_SECONDS = STOP_GRACE_SECONDS + KILL_WAIT_SECONDS
 # -- delivery (rllog.delivery) ---------------------------------------------------------------------------------
 POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
 LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see delivery.live_poll_interval)
-FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look, measured)
+FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look)
 ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
 # For this long after it sees a flush request for records the journal does not hold yet (Run.request_flush writes
 # the request before the journal writer writes them), a caught-up follower reads again every POLL_INTERVAL, not

@@ -48,7 +48,7 @@ LEVEL_STYLE = {"error": "bold red", "warning": "yellow"}
 
 def _mapped_errors() -> AbstractContextManager[None]:
     """A full disk under the output (stdout sent to a file) is retried; any other output error (the
-    terminal is gone: a broken pipe, a closed descriptor) is permanent, as before."""
+    terminal is gone: a broken pipe, a closed descriptor) is permanent: retrying cannot bring it back."""
     return map_errors("console", permanent=(OSError,))
 
 

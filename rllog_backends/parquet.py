@@ -371,7 +371,7 @@ class ParquetSink:
         self._stores[store.directory] = self._stores.pop(store.directory)  # the stores in the order last written
         self._written_now.add(store.directory)
         if not store.holds_open_file:
-            self._make_room_for_a_tail(store)
+            self._make_tail_room(store)
         if not table.num_rows:
             store.append(table, seq=seq)
             committed(0)
@@ -401,7 +401,7 @@ class ParquetSink:
                 f"disk full: {free} bytes free in {self.directory}, under the {JOURNAL_RESERVE_MIN_BYTES} kept for the run's journal"
             ) from OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    def _make_room_for_a_tail(self, store: PartStore) -> None:
+    def _make_tail_room(self, store: PartStore) -> None:
         """Before ``store`` opens a tail: close the least recently written open tails past the cap (a flush that
         writes many table names would otherwise open one file per name before :meth:`_release_idle_tails`)."""
         open_tails = [s for s in self._stores.values() if s.holds_open_file and s is not store]

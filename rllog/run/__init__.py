@@ -1,7 +1,8 @@
 """The trainer's side of a run, one module per concern.
 
 - :mod:`rllog.run.run`: :class:`Run`, the hot path (one ``_append`` numbers every record), ``flush``, ``finish``;
-- :mod:`rllog.run.opening`: ``init``'s arguments checked, the run directory claimed or resumed;
+- :mod:`rllog.run.opening`: the steps of opening a run: ``init``'s arguments and the agent's settings checked, the
+  sinks selected, the run directory claimed or resumed, the run's :class:`~rllog.records.RunInfo`;
 - :mod:`rllog.run.signals`: the live runs of the process; SIGTERM, fork and exit;
 - :mod:`rllog.run.null`: :class:`NullRun`, what ranks other than 0 get;
 - :mod:`rllog.run.base`: what both share (validation, the cross-rank collectives);

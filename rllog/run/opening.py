@@ -22,9 +22,12 @@ from typing import Any
 
 from rllog import journal, settings
 from rllog.errors import InvalidArgument, RunDirError, UnknownArgument
+from rllog.records import RunInfo
+from rllog.registry import parse_report_to
 from rllog.run import delivery_link
 from rllog.rundir import RunFile, RunLock, claim, default_run_dir, find_run, holds_run
 from rllog.settings import SYSTEM_METRICS_INTERVAL
+from rllog.validate import redact_args
 
 # "continue": as "must", for a run finished cleanly and reopened by the same trainer (a later evaluate() or
 # Lightning stage): the attempt carries on from where the run stopped, so it supersedes nothing of the earlier ones.
@@ -107,9 +110,14 @@ def check_options(flush_interval: Any, max_pending: Any, delivery: Any) -> float
     return float(flush_interval)
 
 
-def backend_options(options: Mapping[str, Mapping[str, Any]] | None, selected_names: list[str]) -> dict[str, dict[str, Any]]:
+def backend_options(
+    options: Mapping[str, Mapping[str, Any]] | None, selected_names: list[str], stacklevel: int = 4
+) -> dict[str, dict[str, Any]]:
     """``backend_options`` keyed by each backend's canonical name ("comet" -> "comet_ml"); options for a backend
     that is not selected are dropped with a warning (docs/decisions.md, "Options for a backend not selected").
+
+    Args:
+        stacklevel: the warning's, counted from here: it points at the user's ``rllog.init`` call.
 
     Raises:
         UnknownBackend: a key that names no backend.
@@ -123,9 +131,46 @@ def backend_options(options: Mapping[str, Mapping[str, Any]] | None, selected_na
             f"rllog: backend_options for {', '.join(unused)} are not used: report_to selects "
             f"{', '.join(selected_names) or 'no backend by name'}",
             UserWarning,
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
     return {name: value for name, value in canonical.items() if name in selected_names}
+
+
+def agent_interval(delivery: str, system_metrics: bool | float | None) -> float | None:
+    """With ``delivery="process"``: the agent's settings checked, before the run directory is claimed (a bad one
+    is ``init``'s error, not an agent that cannot start), and its interval between system samples (None: none)."""
+    if delivery != "process":
+        return None
+    interval = system_interval(system_metrics)
+    settings.check_agent_settings()
+    return interval
+
+
+@dataclass(frozen=True)
+class SelectedSinks:
+    """``report_to`` parsed. Names go to the agent process (or to follower threads); sink objects are always
+    delivered in-process."""
+
+    selected: list[Any]  # names and objects, in the order given
+    named: list[str]
+    objects: list[Any]
+    options: dict[str, dict[str, Any]]  # backend_options of the named backends, by canonical name
+
+
+# From backend_options up to the user's rllog.init call: select_sinks, Run.__init__, rllog.init, the user.
+SELECT_SINKS_WARNING_STACKLEVEL = 5
+
+
+def select_sinks(report_to: Any, options: Mapping[str, Mapping[str, Any]] | None) -> SelectedSinks:
+    """The sinks ``report_to`` selects, and ``backend_options`` matched to the named ones.
+
+    Raises:
+        UnknownBackend: ``report_to`` or a ``backend_options`` key names no backend.
+    """
+    selected = parse_report_to(report_to)
+    named = [s for s in selected if isinstance(s, str)]
+    objects = [s for s in selected if not isinstance(s, str)]
+    return SelectedSinks(selected, named, objects, backend_options(options, named, SELECT_SINKS_WARNING_STACKLEVEL))
 
 
 @dataclass
@@ -200,6 +245,22 @@ def new_attempt(attempts: list[dict[str, Any]], first_seq: int, continues: bool)
     if continues:
         attempt["continues"] = True
     return [*attempts, attempt]
+
+
+def run_info(opened: OpenedRunDir, attempts: list[dict[str, Any]]) -> RunInfo:
+    """What every sink is told about the run: its identity, config, attempts and the trainer's command line."""
+    return RunInfo(
+        opened.project,
+        opened.name or f"run-{opened.run_id}",
+        str(opened.run_dir),
+        opened.run_id,
+        opened.config,
+        opened.tags,
+        attempt_starts=tuple(a["first_seq"] for a in attempts),
+        continuing_starts=tuple(a["first_seq"] for a in attempts if a.get("continues")),
+        program=program(),
+        args=redact_args(sys.argv[1:]),
+    )
 
 
 def _resumed_first_seq(run_dir: Path) -> int:

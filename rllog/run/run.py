@@ -22,21 +22,19 @@ from typing import Any
 from rllog import journal, settings
 from rllog.errors import ForkedChild, InvalidArgument, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
-from rllog.records import STATUSES, AlertRecord, ConfigRecord, RunInfo, TableRecord
-from rllog.registry import parse_report_to
+from rllog.records import RUN_STATUSES, AlertRecord, ConfigRecord, TableRecord
 from rllog.run import delivery_link, signals
 from rllog.run.base import RunBase, takes_tables
 from rllog.run.opening import (
-    backend_options as _backend_options,
-)
-from rllog.run.opening import (
+    OpenedRunDir,
+    agent_interval,
     check_options,
     check_resume,
     health_monitor,
     new_attempt,
     open_run_dir,
-    program,
-    system_interval,
+    run_info,
+    select_sinks,
 )
 from rllog.run.signals import SignalAwareLock
 from rllog.rundir import FinishReport, RunFile, SinkSpec, html_table, report
@@ -47,7 +45,7 @@ from rllog.settings import (
     JOURNAL_WRITE_INTERVAL,
     STOP_GRACE_SECONDS,
 )
-from rllog.validate import check_step, flatten_config, redact, redact_args, stack_scalars
+from rllog.validate import check_step, flatten_config, redact, stack_scalars
 
 log = logging.getLogger("rllog")
 
@@ -98,42 +96,37 @@ class Run(RunBase):
         self.flush_interval = check_options(flush_interval, max_pending, delivery)
         resume = check_resume(resume, run_id)
         self.quiet = settings.QUIET.get() if quiet is None else bool(quiet)
-        interval = None
-        if delivery == "process":  # the agent's settings, checked before the run directory is claimed
-            interval = system_interval(system_metrics)
-            settings.check_agent_settings()
-        selected = self._selected = parse_report_to(report_to)
-        # Names go to the agent process (or to threads); sink objects are always delivered in-process.
-        self._named = [s for s in selected if isinstance(s, str)]
-        self._objects = [s for s in selected if not isinstance(s, str)]
-        options = _backend_options(backend_options, self._named)
+        self.delivery = delivery
+        self.max_pending = max_pending
+        interval = agent_interval(delivery, system_metrics)
+        sinks = select_sinks(report_to, backend_options)
+        self._selected, self._named, self._objects, self._options = sinks.selected, sinks.named, sinks.objects, sinks.options
         super().__init__(reduce_across_ranks)
-        self._takes_tables = takes_tables(selected) if self._distributed else True
+        self._takes_tables = takes_tables(sinks.selected) if self._distributed else True
         opened = open_run_dir(run_dir, run_id, resume, project, name, tuple(tags), flatten_config(config, keep_lists=True))
+        self._take_run_dir(opened, continues=resume == "continue")
+        self.retry = retry or delivery_link.default_retry()
+        self.sink_names = list(self._named) + self._object_names(self._objects)
+        self._run_file().write(self.run_dir)
+        self._start_journal(opened.next_seq, health)
+        self._start_delivery(interval)
+        signals.register(self)
+        if not self.quiet:
+            print(self._opening_line(), file=sys.stderr, flush=True)
+
+    # -- opening (the steps of __init__) ---------------------------------------------------------
+    def _take_run_dir(self, opened: OpenedRunDir, continues: bool) -> None:
+        """Hold the claimed (or resumed) run directory and start this attempt from where its journal stops."""
         self.run_dir = opened.run_dir
         self._run_lock = opened.lock
         self.resumed = opened.resumed
         self._step = opened.last_step
-        self._attempts = new_attempt(opened.attempts, opened.next_seq, continues=resume == "continue")
+        self._attempts = new_attempt(opened.attempts, opened.next_seq, continues=continues)
         self.attempt = len(self._attempts)
-        self.info = RunInfo(
-            opened.project,
-            opened.name or f"run-{opened.run_id}",
-            str(self.run_dir),
-            opened.run_id,
-            opened.config,
-            opened.tags,
-            attempt_starts=tuple(a["first_seq"] for a in self._attempts),
-            continuing_starts=tuple(a["first_seq"] for a in self._attempts if a.get("continues")),
-            program=program(),
-            args=redact_args(sys.argv[1:]),
-        )
-        self.delivery = delivery
-        self.retry = retry or delivery_link.default_retry()
-        self.sink_names = list(self._named) + self._object_names(self._objects)
-        self._options = options
-        self._run_file().write(self.run_dir)
-        self.max_pending = max_pending
+        self.info = run_info(opened, self._attempts)
+
+    def _start_journal(self, next_seq: int, health: Any) -> None:
+        """The hot path's state, and the journal writer thread that takes records from ``next_seq`` on."""
         self._backpressure_warned = False
         self._monitor = health_monitor(health)
         self._wake_at = 0  # a flush request's seq: in-process followers are woken once the journal holds it
@@ -141,31 +134,34 @@ class Run(RunBase):
         self._writer = JournalWriter(
             self.run_dir,
             min(self.flush_interval / 2, JOURNAL_WRITE_INTERVAL),
-            next_seq=opened.next_seq,
+            next_seq=next_seq,
             on_written=self._check_health if self._monitor else None,
-            on_landed=self._wake_followers_if_asked,
+            on_landed=self._wake_asked_followers,
         )
         self._lock = SignalAwareLock()
         self._scan_lock = SignalAwareLock()
         self._scanner: journal.Scanner | None = None  # see _scan
-        self._seq = opened.next_seq - 1
+        self._seq = next_seq - 1
         self._finishing: threading.Event | None = None
         self._finisher: int | None = None  # the thread that called finish() first
         self._forked = False
         self._pid = os.getpid()
         # Where an omitted step comes from when a trainer owns the step (set by the HF/TRL integration).
         self.step_source: Callable[[], int] | None = None
+
+    def _start_delivery(self, interval: float | None) -> None:
+        """The agent process for the named backends (``delivery="process"``; ``interval``: its system samples),
+        else a follower thread each; sink objects always get a follower thread."""
         self._agent: Any = None
-        if self._named and delivery == "process":
-            self._agent = delivery_link.start_agent(self.run_dir, options, self._named, interval, self._log_system)
+        if self._named and self.delivery == "process":
+            self._agent = delivery_link.start_agent(self.run_dir, self._options, self._named, interval, self._log_system)
         else:
-            self._followers += [self._follower(n, delivery_link.sink_factory(n, options.get(n))) for n in self._named]
-        self._followers += [self._follower(n, s) for n, s in zip(self.sink_names[len(self._named) :], self._objects, strict=True)]
+            factory = delivery_link.sink_factory
+            self._followers += [self._follower(n, factory(n, self._options.get(n))) for n in self._named]
+        objects = zip(self.sink_names[len(self._named) :], self._objects, strict=True)
+        self._followers += [self._follower(n, s) for n, s in objects]
         for follower in self._followers:
             follower.start()
-        signals.register(self)
-        if not self.quiet:
-            print(self._opening_line(), file=sys.stderr, flush=True)
 
     # -- the hot path ----------------------------------------------------------------------------
     def _append(
@@ -295,11 +291,11 @@ class Run(RunBase):
         """Ask every sink to flush what was logged so far soon, without waiting: a later :meth:`flush` then waits
         for less. The Hugging Face integration asks ``at_once`` as ``train()`` and ``evaluate()`` end, and returns.
         A sink is flushed at most every :data:`rllog.settings.ASKED_FLUSH_MIN_GAP` for these requests (a flush per
-        step cost the agent more than it saved), unless ``at_once``; its follower reads the journal at once, and
+        step costs the agent more than it saves), unless ``at_once``; its follower reads the journal at once, and
         again every :data:`rllog.settings.POLL_INTERVAL` until the records land.
 
-        The journal writer is woken last: woken first, it took the GIL from the training thread while this call
-        wrote the request. The agent looks at the request every 10 ms."""
+        The journal writer is woken last: woken first, it would take the GIL from the training thread while this
+        call writes the request. The agent looks at the request every 10 ms."""
         with self._lock:
             self._check_open()
             target = self._seq
@@ -308,7 +304,7 @@ class Run(RunBase):
         self._wake_at = target
         self._ask_flush(target, wake_followers=False, soon=not at_once)
         self._writer.wake()
-        self._wake_followers_if_asked(self._writer.written_seq)  # written already (the writer's last tick)
+        self._wake_asked_followers(self._writer.written_seq)  # written already (the writer's last tick)
 
     def _ask_flush(self, target: int, quiet: bool = False, wake_followers: bool = True, soon: bool = False) -> None:
         """Ask the followers (the agent's through the request file) to read the journal now and flush up to ``target``
@@ -338,8 +334,8 @@ class Run(RunBase):
         from any thread, returns the same report (a second caller waits for the first). Unless the run is
         ``quiet``, it prints one line per tracker: delivered or not, and where its data is.
         """
-        if status not in STATUSES:
-            raise InvalidArgument(f"status must be one of {STATUSES}, got {status!r}")
+        if status not in RUN_STATUSES:
+            raise InvalidArgument(f"status must be one of {RUN_STATUSES}, got {status!r}")
         if self._forked:
             raise ForkedChild("finish() called in a forked child process; finish the run in the process that started it")
         with self._lock:
@@ -441,7 +437,7 @@ class Run(RunBase):
         )
 
     # -- internals -------------------------------------------------------------------------------
-    def _wake_followers_if_asked(self, written_seq: int) -> None:
+    def _wake_asked_followers(self, written_seq: int) -> None:
         """Wake the in-process followers for a :meth:`request_flush` whose records the journal now holds."""
         wanted = self._wake_at
         if wanted and written_seq >= wanted:

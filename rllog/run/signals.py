@@ -114,7 +114,7 @@ def _restore_sigterm() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _main_thread_inside_a_run(runs: list[Run]) -> bool:
+def _main_thread_in_run(runs: list[Run]) -> bool:
     """Whether the main thread holds (or waits for) a run's lock, or is inside a run's own ``finish``."""
     me = threading.get_ident()
     return any(run._lock.main_inside or run._scan_lock.main_inside or (run._finisher == me and not run.finished) for run in runs)
@@ -126,7 +126,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     if _handling_sigterm:
         return
     runs = list(_live_runs)
-    if _main_thread_inside_a_run(runs):
+    if _main_thread_in_run(runs):
         _deferred_sigterm = (signum, frame)
         return
     _handling_sigterm = True
@@ -157,7 +157,7 @@ def _finish_as_killed(runs: list[Run]) -> None:
 def act_on_deferred_sigterm() -> None:
     """Act on a SIGTERM noted while the main thread was inside a run, once it is inside none."""
     global _deferred_sigterm
-    if _deferred_sigterm is None or not _on_main_thread() or _main_thread_inside_a_run(list(_live_runs)):
+    if _deferred_sigterm is None or not _on_main_thread() or _main_thread_in_run(list(_live_runs)):
         return
     deferred, _deferred_sigterm = _deferred_sigterm, None
     _on_sigterm(*deferred)

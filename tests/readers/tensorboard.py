@@ -21,7 +21,7 @@ import errno
 import os
 
 from readers import ReadBack
-from rllog.records import STATUSES
+from rllog.records import RUN_STATUSES
 from rllog_backends._conventions import Remembered
 from rllog_backends.tensorboard import (
     CONFIG_TAG,
@@ -115,7 +115,7 @@ def read_back(env: dict, run_info, logdir: str | None = None) -> ReadBack:
 
     if STATUS_TAG in tags:
         status = _text(main.Tensors(STATUS_TAG)[-1]).strip()
-        out.status = status if status in STATUSES else None
+        out.status = status if status in RUN_STATUSES else None
     return out
 
 

@@ -20,7 +20,7 @@ import sqlite3
 from pathlib import Path
 
 from readers import ReadBack
-from rllog.records import STATUSES
+from rllog.records import RUN_STATUSES
 
 TRACKIO_META = ("_Username", "_Created", "_Group")
 SPECIAL = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -86,7 +86,7 @@ def read_back(env: dict, run_info, project: str | None = None) -> ReadBack:
         out.config = {k: SPECIAL.get(v, v) if isinstance(v, str) else v for k, v in config.items() if k not in TRACKIO_META}
     for alert in alerts:
         status = alert["title"][len("run ") :] if alert["title"].startswith("run ") else None
-        if status in STATUSES:
+        if status in RUN_STATUSES:
             out.status = status
         else:
             out.alerts.append(
