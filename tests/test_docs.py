@@ -25,12 +25,20 @@ NOT_RUN = re.compile(r"^<!-- not run by tests/test_docs\.py: (?P<reason>\S.*\S) 
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 PAGE_SECONDS_MAX = 300  # a page that hangs fails here rather than at CI's limit; the whole file takes well under 90 s
 
+# Python blocks run in one ``__main__`` module, as a script a reader pasted them into would; each block is also
+# written to a file named as that module's ``__file__``, so a block that starts ``spawn`` workers (docs/workers.md)
+# works: the worker imports the parent's main module from its file.
 RUNNER = r"""
-import json, os, subprocess, sys, traceback
-namespace = {"__name__": "__main__"}
+import json, os, subprocess, sys, traceback, types
+main = types.ModuleType("__main__")
+sys.modules["__main__"] = main
+namespace = main.__dict__
 for block in json.loads(sys.argv[1]):
     where = f"{block['page']}:{block['line']}"
     if block["lang"] == "python":
+        main.__file__ = os.path.abspath(f"block_{block['line']}.py")
+        with open(main.__file__, "w") as script:
+            script.write(block["code"])
         try:
             exec(compile(block["code"], where, "exec"), namespace)
         except BaseException:
