@@ -238,9 +238,8 @@ class SwanLabSink:
                 callbacks=[self._written.callback()],
             )
             self._run.define_metric(self.step_key)
-        remember_location(run_info, "swanlab", logdir=os.path.abspath(log_dir))
-        with map_errors("swanlab"):
             self._run.define_metric("*", x_axis=self.step_key)
+        remember_location(run_info, "swanlab", logdir=os.path.abspath(log_dir))
 
     def _settings(self) -> dict[str, Any]:
         probes = {"hardware": False, "requirements": False, "conda": False, "git": False, "monitor": False}
