@@ -165,31 +165,14 @@ def show_run(run_dir: str | os.PathLike, s: RunSummary) -> None:
             + ")"
         )
         console.print(f"sink [bold]{r.name}[/bold]: [{colour}]{r.state}[/{colour}] {counts}{error}")
-        where = _tracker_location(Path(run_dir), r.name)
-        if where:
-            console.print(f"  data: {escape(where)}")
+        if r.location:  # rllog.rundir.tracker_location: what the backend recorded in RUN_DIR/trackers/<sink>.json
+            console.print(f"  data: {escape(r.location)}")
         for letter in r.dead_letter_list[:10]:
             console.print(
                 f"  [red]dead letter[/red] seq {letter['seq']} step {letter['step']} ({letter['kind']}): {escape(str(letter['error']))}"
             )
     if delivery.journal_damage:
         console.print(f"[red]journal:[/red] {delivery.journal_damage.describe()}")
-
-
-def _tracker_location(run_dir: Path, sink: str) -> str:
-    """Where a tracker keeps this run (its logdir, run id, URI...), as its backend remembered it in
-    ``RUN_DIR/trackers/<sink>.json``; "" when it remembered nothing."""
-    import json
-
-    from rllog_backends._conventions import REMEMBERED_DIR
-
-    try:
-        remembered = json.loads((run_dir / REMEMBERED_DIR / f"{sink}.json").read_text())
-    except (OSError, ValueError):
-        return ""
-    if not isinstance(remembered, dict):
-        return ""
-    return ", ".join(f"{k}={v}" for k, v in remembered.items() if k != "rllog_run_id" and v not in (None, ""))
 
 
 def _print_metrics(s: RunSummary) -> None:

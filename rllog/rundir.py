@@ -42,7 +42,20 @@ TRACKERS_DIR = "trackers"  # trackers/<name>.json: the tracker run a backend cho
 TRACKER_FILE_RUN_ID = "rllog_run_id"  # the field of trackers/<name>.json naming the rllog run it belongs to
 # The fields of trackers/<name>.json that say where a tracker's data is, most telling first; the others name it
 # to the tracker (ids, keys) and are shown after them.
-LOCATION_FIELDS = ("logdir", "dir", "tracking_uri", "run_id", "url", "offline_directory", "project", "workspace")
+LOCATION_FIELDS = (
+    "logdir",
+    "dir",
+    "db",
+    "offline_archives",
+    "sync",
+    "tracking_uri",
+    "run_id",
+    "url",
+    "task_id",
+    "offline_directory",
+    "project",
+    "workspace",
+)
 
 
 @dataclass
@@ -211,9 +224,14 @@ def tracker_location(run_dir: str | os.PathLike, name: str) -> str | None:
         fields = [k for k in LOCATION_FIELDS if chosen.get(k) not in (None, "")]
         fields += sorted(k for k in chosen if k not in LOCATION_FIELDS and chosen[k] not in (None, ""))
         if fields:
-            return " ".join(f"{k}={chosen[k]}" for k in fields)
+            return " ".join(f"{k}={_location_value(chosen[k])}" for k in fields)
     own = Path(run_dir) / name
     return str(own) if own.is_dir() else None
+
+
+def _location_value(value: Any) -> str:
+    """A field of a tracker's location as printed: a list (Comet's archives, wandb's tags) comma-separated."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def html_table(title: str, rows: dict[str, str]) -> str:

@@ -100,6 +100,12 @@ def first(*values: Any) -> Any:
     return next((v for v in values if v is not None and not (isinstance(v, (str, list, tuple, dict)) and not v)), None)
 
 
+def remember_location(run_info: RunInfo, tracker: str, **where: Any) -> None:
+    """Record where ``tracker`` keeps this run's data (``RUN_DIR/trackers/<tracker>.json``): what a user needs to
+    open it (a folder, a file, a URL, an id); ``finish`` and ``rllog show`` print it (``rllog.rundir.tracker_location``)."""
+    Remembered(run_info.run_dir, tracker, run_info.run_id).save(**where)
+
+
 class Remembered:
     """The tracker run a backend chose for an rllog run, kept in ``RUN_DIR/trackers/<tracker>.json``.
 

@@ -43,6 +43,7 @@ from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities, took
 from rllog.sink_errors import map_errors
 from rllog_backends._cells import cell
+from rllog_backends._conventions import remember_location
 
 RUN_ID_TAG = "rllog.run_id="
 STATUS_TAG = "rllog.status="
@@ -173,6 +174,18 @@ class ClearMLSink:
             self._task.set_initial_iteration(0)  # a continued task would otherwise shift every step
             Logger.set_reporting_nan_value(math.nan)
             self._set_parameters(run_info.config)
+        remember_location(run_info, "clearml", **self._location(Task))
+
+    def _location(self, task_cls: Any) -> dict[str, str]:
+        """Where the task is: its id, and offline the session folder (``Task.import_offline_session`` takes it)
+        or with a server the task's page."""
+        where = {"task_id": str(self._task.id)}
+        with map_errors("clearml"):
+            if task_cls.is_offline():
+                where["dir"] = str(self._task.get_offline_mode_folder())
+            else:
+                where["url"] = str(self._task.get_output_log_web_page())
+        return where
 
     @staticmethod
     def _find_task(task_cls: Any, project: str, run_id: str) -> str | None:

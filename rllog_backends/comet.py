@@ -436,7 +436,8 @@ class CometSink:
                 experiment_config=config,
             )
         self._experiment = experiment
-        remembered.save(**identity)
+        # where a user opens it: online the experiment's page; offline the archives close lists (ARCHIVES_KEY)
+        remembered.save(**identity, **({} if self._offline else {"url": getattr(experiment, "url", None)}))
         self._remembered = remembered
         if self._offline:
             self._write_marker(run_info, experiment)

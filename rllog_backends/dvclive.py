@@ -44,6 +44,7 @@ from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
 from rllog_backends._cells import cell
+from rllog_backends._conventions import remember_location
 
 log = logging.getLogger("rllog.backends.dvclive")
 
@@ -129,6 +130,7 @@ class DVCLiveSink:
             self._live = _live_class()(dir=directory, resume=True, report=None, save_dvc_exp=False, dvcyaml=None)
             if run_info.config:
                 self._live.log_params(dict(run_info.config))
+        remember_location(run_info, "dvclive", dir=os.path.abspath(directory))
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         live = self._require_live()

@@ -47,6 +47,7 @@ from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
 from rllog_backends._cells import cell
+from rllog_backends._conventions import remember_location
 
 log = logging.getLogger("rllog.backends.swanlab")
 
@@ -219,12 +220,13 @@ class SwanLabSink:
         self._logged = {"scalar": 0, "media": 0}
         self._last_seq = {"metrics": 0, "table": 0}
         self._last_step = {}
+        log_dir = self.log_dir or os.environ.get("SWANLAB_LOG_DIR") or os.path.join(run_info.run_dir, "swanlog")
         with map_errors("swanlab"):
             self._run = swanlab.init(
                 project=swanlab_project(self.project or run_info.project),
                 workspace=self.workspace,
                 mode=self.mode,
-                log_dir=self.log_dir or os.environ.get("SWANLAB_LOG_DIR") or os.path.join(run_info.run_dir, "swanlog"),
+                log_dir=log_dir,
                 name=run_info.name,
                 group=self.group,
                 job_type=self.job_type,
@@ -237,6 +239,7 @@ class SwanLabSink:
             )
             self._run.define_metric(self.step_key)
             self._run.define_metric("*", x_axis=self.step_key)
+        remember_location(run_info, "swanlab", logdir=os.path.abspath(log_dir))
 
     def _settings(self) -> dict[str, Any]:
         probes = {"hardware": False, "requirements": False, "conda": False, "git": False, "monitor": False}

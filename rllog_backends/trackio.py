@@ -51,6 +51,7 @@ from rllog.errors import TransientError
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
 from rllog.sink import Capabilities
 from rllog.sink_errors import map_errors
+from rllog_backends._conventions import remember_location
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class TrackioSink:
             # inbox's fragments in path order).
             self._fragments = fragments.FragmentWriter(f"rllog-{self._run.id}-{int(_dt.datetime.now().timestamp() * 1000):013d}")
         self._config_written = False
+        remember_location(run_info, "trackio", project=self._project, db=str(SQLiteStorage.get_project_db_path(self._project)))
 
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         self._write([({trackio_key(k): v for k, v in r.values.items()}, r) for r in records if r.values])

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord, step_rows
+from rllog.rundir import RunFile
 from rllog.sink import Capabilities, took
 from rllog.sink_errors import URLLIB3_RETRIES, map_errors, retry_error
 from rllog_backends._cells import cell
@@ -151,6 +152,16 @@ def _mapped() -> AbstractContextManager[None]:
     return map_errors("wandb", **_rules())
 
 
+def run_location(run: Any) -> dict[str, str]:
+    """Where a user finds a wandb run (``rllog finish`` and ``rllog show`` print it): online its ``url``; offline
+    the folder of its ``.wandb`` file (``dir``) and the command that uploads it (``sync``); nothing when disabled."""
+    settings = run.settings
+    if settings.mode in ("offline", "dryrun"):
+        return {"dir": str(settings.sync_dir), "sync": f"wandb sync {settings.sync_dir}"}
+    url = getattr(run, "url", None)
+    return {"url": url} if url else {}
+
+
 def exit_written(path: str | os.PathLike) -> bool:
     """Whether the run's ``.wandb`` transaction log already holds its exit record.
 
@@ -212,7 +223,8 @@ def _own_service() -> None:
     children inherit it. In the delivery agent it names the trainer's service (when the training script used wandb
     itself): the tracker work would then run in the trainer's process tree at normal priority, and stop with the
     trainer (the service exits with the process that started it), so an agent could not deliver the rest after a
-    crash. A token of this very process (``delivery="thread"``) is kept.
+    crash. Called only in a process rllog owns (the agent): in the trainer, an inherited token is how wandb lets
+    a child share its parent's service, and the environment is the user's.
     """
     match = re.match(r"[^-]+-(\d+)-", os.environ.get("WANDB_SERVICE", ""))
     if match and int(match.group(1)) != os.getpid():
@@ -248,8 +260,8 @@ def _skip_temporary_fsync() -> None:
     """wandb writes each logged table's JSON to a file of a temporary directory and ``fsync``s it, then copies it to
     its staging area (no ``fsync``) and deletes it: the sync protects nothing and costs a disk flush per table, which
     on a small machine slows the training beside the agent (docs/backends/wandb.md). Turned off (``Artifact.new_file``)
-    in the process that opens the sink: the agent's, or the trainer's with ``delivery="thread"``; a wandb without
-    this function is left as it is."""
+    only in a process rllog owns (the agent): the patch is process-wide, and in the trainer it would also take the
+    sync from the user's own wandb artifacts. A wandb without this function is left as it is."""
     try:
         from wandb.sdk.artifacts import artifact
     except ImportError:
@@ -278,14 +290,27 @@ def _clean_tags(tags: Sequence[str]) -> list[str]:
     return [str(t)[:MAX_TAG_CHARS] for t in tags if str(t)]
 
 
+def outside_the_trainer(run_info: RunInfo) -> bool:
+    """Whether this process is not the trainer that writes the run (``run.json``'s pid): rllog's delivery agent or
+    ``rllog replay``, processes rllog owns, where the sink may set process-wide state for wandb. False in the
+    trainer (``delivery="thread"``, a sink object) and when the run file cannot tell: a process rllog does not own
+    is left as it is."""
+    try:
+        writer = RunFile.read(run_info.run_dir).pid
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+    return writer is not None and writer != os.getpid()
+
+
 @contextmanager
 def _trainer_argv(run_info: RunInfo) -> Iterator[None]:
-    """``sys.argv`` set to the trainer's command line while ``wandb.init`` runs.
+    """``sys.argv`` set to the trainer's command line while ``wandb.init`` runs, in a process rllog owns.
 
     wandb records ``sys.argv[1:]`` as the run's arguments when it starts the run (a computed setting
-    that no option overrides); in the delivery agent they would be the agent's.
+    that no option overrides); in the delivery agent they would be the agent's. In the trainer they are the
+    trainer's already, and its ``sys.argv`` belongs to the user (another thread may read it): left alone.
     """
-    if not run_info.program:
+    if not run_info.program or not outside_the_trainer(run_info):
         yield
         return
     with _ARGV_LOCK:
@@ -353,7 +378,8 @@ class WandbSink:
         global _set_up_early
         import wandb
 
-        _own_service()  # not a service the training script's own wandb started (its WANDB_SERVICE)
+        _own_service()  # not a service the training script's own wandb started (its WANDB_SERVICE); prepare runs
+        # only in the standby agent (rllog.agent), a process rllog owns
         wandb.setup()
         _set_up_early = True
 
@@ -405,8 +431,9 @@ class WandbSink:
         if self._run is None:
             import wandb
 
-            _skip_temporary_fsync()
-            _own_service()
+            if outside_the_trainer(run_info):  # process-wide changes, only where rllog owns the process
+                _skip_temporary_fsync()
+                _own_service()
             _set_up_again_if_the_variables_changed()
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
             remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)
@@ -428,7 +455,7 @@ class WandbSink:
                     reinit="create_new",
                     settings=wandb.Settings(**self._settings(run_info)),
                 )
-            remembered.save(**identity)
+            remembered.save(**identity, **run_location(self._run))
         with _mapped():
             self._run.define_metric(self.step_key)
             self._run.define_metric("*", step_metric=self.step_key)

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,6 +17,7 @@ from readers.clearml import read_back, sessions
 import rllog
 from rllog import registry
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
+from rllog.rundir import tracker_location
 from rllog_backends.clearml import MAX_DOUBLE, key_of, title_series
 
 pytest.importorskip("clearml")
@@ -47,6 +49,9 @@ def test_one_offline_session_stores_clearmls_own_way(tracker_dirs, tmp_path, mon
     sink.write_config(ConfigRecord(4, 3, 0.0, {"model/name": "tiny-qwen"}))
     sink.flush()
     [(task, events)] = sessions(tracker_dirs["CLEARML_CACHE_DIR"], run_info.run_id)
+    # what finish and `rllog show` print: the task id and the offline session folder holding these events
+    where = dict(field.split("=", 1) for field in tracker_location(run_info.run_dir, "clearml").split(" "))
+    assert where["task_id"] == task["id"] and (Path(where["dir"]) / "task.json").is_file()
     raw = {(e["metric"], e["variant"], e["iter"]): e["value"] for e in events if e["type"] == "training_stats_scalar"}
     assert math.isnan(raw["loss", "loss", 3])  # kept as NaN (ClearML's default would store 0.0)
     assert (raw["kl", "kl", 3], raw["neg", "neg", 3]) == (MAX_DOUBLE, -MAX_DOUBLE)  # ClearML's default: 0.0 for both

@@ -28,6 +28,7 @@ from sinks import backend_run_info
 from rllog import registry
 from rllog.errors import RateLimited, TransientError
 from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.rundir import tracker_location
 from rllog_backends.comet import (
     CometSink,
     comet_name,
@@ -314,6 +315,9 @@ def test_reopen_adds_an_archive_of_the_same_experiment(tracker_dirs):
 
     archives = zips(env)
     assert len(archives) == 2 and all(a.name.startswith(experiment_key(info) + "-") for a in archives)
+    # what finish and `rllog show` print: each session's archive (what `comet upload` takes), oldest first
+    where = dict(field.split("=", 1) for field in tracker_location(info.run_dir, "comet_ml").split(" "))
+    assert sorted(where["offline_archives"].split(",")) == [str(a) for a in archives]
     other = make_run_info(env, name="other-run", run_id="12345678")
     assert experiment_key(other) != experiment_key(info)
     assert read_back("comet_ml", env, other).metrics == {}

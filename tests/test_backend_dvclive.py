@@ -15,6 +15,7 @@ from readers.dvclive import read_back
 import rllog
 from rllog import registry
 from rllog.records import MetricsRecord, RunInfo, TableRecord
+from rllog.rundir import tracker_location
 from rllog_backends.dvclive import dvclive_key
 
 pytest.importorskip("dvclive")
@@ -83,15 +84,17 @@ def test_a_run_in_a_git_repository_leaves_the_repository_alone(repo, tracker_dir
 
 
 def test_a_key_and_a_key_below_it(tmp_path, caplog):
-    """DVCLive's summary cannot hold "a" = 1 and "a/b" = 2 at once; both .tsv files are complete and the sink says so."""
+    """DVCLive's summary cannot hold "a" = 1 and "a/b" = 2 at once; both .tsv files are complete and the sink says so.
+    The DVCLive directory is an option's, outside the run directory: the location finish prints names it."""
     info = RunInfo("grpo", "run", str(tmp_path / "run"), "dv-1")
-    sink = registry.create("dvclive", {})
+    sink = registry.create("dvclive", {"dir": str(tmp_path / "live")})
     sink.open(info)
     with caplog.at_level(logging.WARNING, logger="rllog.backends.dvclive"):
         sink.write_metrics([MetricsRecord(1, 0, 0.0, {"a": 1.0, "a/b": 2.0}), MetricsRecord(2, 1, 0.0, {"a/b": 3.0})])
     sink.write_table(TableRecord(3, 1, 0.0, "../up", pa.table({"x": [1]})))
     sink.close("failed")
-    back = read_back({}, info)
+    assert tracker_location(info.run_dir, "dvclive") == f"dir={tmp_path / 'live'}"
+    back = read_back({}, info, tmp_path / "live")
     assert back.metrics == {"a": [(0, 1.0)], "a/b": [(0, 2.0), (1, 3.0)]} and back.status == "failed"
-    assert list(back.tables) == [dvclive_key("../up")] and not (tmp_path / "run" / "up").exists()
+    assert list(back.tables) == [dvclive_key("../up")] and not (tmp_path / "live" / "up").exists()
     assert len([r for r in caplog.records if "summary cannot hold" in r.getMessage()]) == 1

@@ -4,8 +4,10 @@ the rest). Read back from SwanLab's own run file with SwanLab's ``DataStoreReade
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from functools import partial
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,6 +17,7 @@ from sinks import backend_run_info
 import rllog
 from rllog import registry
 from rllog.records import ConfigRecord, MetricsRecord, TableRecord
+from rllog.rundir import tracker_location
 from rllog_backends.swanlab import STEP_KEY, swanlab_key
 
 pytest.importorskip("swanlab")
@@ -51,6 +54,9 @@ def test_one_session_stays_off_the_terminal_and_stores_swanlabs_own_way(tracker_
     sink.flush()
 
     [(folder, recs)] = sessions(tracker_dirs["SWANLAB_LOG_DIR"], run_info.run_id)
+    # what finish and `rllog show` print: the log dir holding the session's folder
+    assert tracker_location(run_info.run_dir, "swanlab") == f"logdir={os.path.abspath(tracker_dirs['SWANLAB_LOG_DIR'])}"
+    assert Path(folder).resolve().is_relative_to(Path(tracker_dirs["SWANLAB_LOG_DIR"]).resolve())
     assert {r.scalar.key for r in recs if r.HasField("scalar")} >= {"reward", "rllog/rllog/step", STEP_KEY}, (
         "flush left rows behind"
     )

@@ -17,6 +17,7 @@ from sinks import backend_run_info
 from rllog import registry
 from rllog.errors import TransientError
 from rllog.records import AlertRecord, MetricsRecord, TableRecord
+from rllog.rundir import tracker_location
 from rllog_backends.trackio import TrackioSink
 
 pytest.importorskip("trackio")
@@ -104,6 +105,9 @@ def test_metrics_backwards_step_config_status_round_trip(tracker_dirs, tmp_path)
     assert [(a["title"], a["level"], a["step"]) for a in SQLiteStorage.get_alerts("grpo-math", run_id="r0001")] == [
         ("run finished", "info", 49)
     ]
+    # what finish and `rllog show` print: the project and the SQLite file holding it (read above)
+    db = SQLiteStorage.get_project_db_path("grpo-math")
+    assert db.is_file() and tracker_location(info.run_dir, "trackio") == f"db={db} project=grpo-math"
 
 
 def test_rows_are_held_until_flush_then_committed_in_one_call(tracker_dirs, tmp_path, monkeypatch):

@@ -71,6 +71,18 @@ def table(seq, step, name, columns):
     return TableRecord(seq=seq, step=step, time=1_700_000_000.0 + seq, name=name, table=pa.table(columns))
 
 
+def delivered_by_the_agent(run_info: RunInfo) -> RunInfo:
+    """``run_info`` of a run whose trainer is another process (``run.json``'s pid: this test's parent), as the delivery
+    agent meets it: the sink may then set process-wide state (the process is rllog's)."""
+    import os
+
+    from rllog.rundir import RunFile
+
+    os.makedirs(run_info.run_dir, exist_ok=True)
+    RunFile(run_info.project, run_info.name, run_info.run_id, pid=os.getppid()).write(run_info.run_dir)
+    return run_info
+
+
 def raw(env, run_info):
     """Every (kind, message) of the run's .wandb files, oldest session first."""
     return [
@@ -262,7 +274,7 @@ def test_tables_cost_no_disk_sync_and_land_whole(tracker_dirs, tmp_path, monkeyp
     what slowed training beside the agent); the sink turns that sync off, and the tables still land exactly."""
     import os
 
-    run_info = info(tmp_path)
+    run_info = delivered_by_the_agent(info(tmp_path))
     sink = WandbSink()
     sink.open(run_info)
     synced: list[int] = []
@@ -417,9 +429,52 @@ def test_a_rate_limited_open_and_a_call_repeated_after_success(tracker_dirs, tmp
     assert back.tables["completions"] == [(3, [{"prompt": "p", "completion": "c"}])]
 
 
-def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path):
+class _WatchedArgv(list):
+    """The trainer's ``sys.argv``, noting each read wandb makes of it (wandb records ``sys.argv[1:]``)."""
+
+    read_by_wandb = 0
+
+    def __getitem__(self, index):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("wandb"):
+            self.read_by_wandb += 1
+        return super().__getitem__(index)
+
+
+@pytest.fixture
+def a_parents_wandb_service(tracker_dirs):
+    """``WANDB_SERVICE`` naming a real wandb service another process started (``wandb beta core start``): what a
+    trainer inherits from a launcher that used wandb; wandb lets a child share its parent's service this way."""
+    import os
+    import re
+    import subprocess
+
+    wandb_cli = os.path.join(os.path.dirname(sys.executable), "wandb")
+    env = {k: v for k, v in {**os.environ, **tracker_dirs}.items() if k != "WANDB_SERVICE"}  # not this process's own
+    started = subprocess.run(
+        [wandb_cli, "beta", "core", "start", "--idle-timeout", "120s"], env=env, capture_output=True, text=True, timeout=60
+    )
+    token = re.search(r"\b3-\d+-(?:unix|tcp)-\S+", started.stdout + started.stderr)
+    assert token, started.stdout + started.stderr
+    yield token.group(0)
+    subprocess.run(
+        [wandb_cli, "beta", "core", "stop"], env={**env, "WANDB_SERVICE": token.group(0)}, capture_output=True, timeout=60
+    )
+
+
+def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path, monkeypatch, a_parents_wandb_service):
+    """In the trainer (``delivery="thread"``) the sink changes nothing process-wide: ``sys.argv`` stays the
+    trainer's own object (wandb reads the arguments from it), ``os.environ`` keeps the inherited ``WANDB_SERVICE``
+    and every other variable, and wandb's artifact ``fsync_open`` stays wandb's; the data reads back from the run file."""
+    import os
+
+    from wandb.sdk.artifacts import artifact
+
     import rllog
 
+    monkeypatch.setenv("WANDB_SERVICE", a_parents_wandb_service)
+    argv = _WatchedArgv(sys.argv)
+    monkeypatch.setattr(sys, "argv", argv)
+    environ_before, fsync_open_before = dict(os.environ), artifact.fsync_open
     run = rllog.init(
         report_to="wandb",
         project="e2e",
@@ -434,13 +489,20 @@ def test_through_rllog_init_with_thread_delivery(tracker_dirs, tmp_path):
         run.log({"reward": step / 4, "completions/mean_length": 10.0 + step}, step=step)
     run.log({"reward": -1.0}, step=1)
     run.log_table("completions", {"prompt": ["p"], "completion": ["c"]}, step=4)
-    assert run.finish(timeout=120).ok
+    finished = run.finish(timeout=120)
+    assert finished.ok
     back = reader.read_back(tracker_dirs, run.info)
     assert back.metrics["reward"] == [(s, s / 4) for s in range(5)] + [(1, -1.0)]
     assert back.metrics["completions/mean_length"] == [(s, 10.0 + s) for s in range(5)]
     assert back.tables == {"completions": [(4, [{"prompt": "p", "completion": "c"}])]}
     assert back.config["lr"] == 0.5 and back.config["api_key"] != "sk-secret"
     assert back.status == "finished"
+    assert sys.argv is argv and argv.read_by_wandb > 0
+    assert dict(os.environ) == environ_before
+    assert artifact.fsync_open is fsync_open_before
+    (run_file,) = reader.run_files(tracker_dirs["WANDB_DIR"], reader.run_id_of(run.info))
+    where = finished["wandb"].location  # what finish prints: the run file's folder and the command that uploads it
+    assert f"dir={run_file.parent} " in where and f"sync=wandb sync {run_file.parent}" in where
 
 
 # -- no wandb run needed below ---------------------------------------------------------------------
@@ -592,7 +654,9 @@ def test_explicit_values_win_over_wandb_variables(tracker_dirs, tmp_path, monkey
 def test_the_run_describes_the_trainer_not_the_delivery_process(tracker_dirs, tmp_path):
     """wandb's metadata names the trainer's program and arguments, and wandb samples no system metrics
     (it would sample the delivery process; rllog sends the trainer's own ``system/...``)."""
-    run_info = info(tmp_path, program="train_grpo.py", args=("--learning_rate", "1e-6", "--report_to", "wandb"))
+    run_info = delivered_by_the_agent(
+        info(tmp_path, program="train_grpo.py", args=("--learning_rate", "1e-6", "--report_to", "wandb"))
+    )
     sink = WandbSink()
     sink.open(run_info)
     sink.write_metrics([metrics(1, 0, {"reward": 0.5, "system/memory_rss_mb": 584.0})])
