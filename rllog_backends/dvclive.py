@@ -41,7 +41,7 @@ from typing import Any
 
 from rllog.files import replace_file
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.sink import Capabilities
+from rllog.sink import Capabilities, took
 from rllog.sink_errors import map_errors
 from rllog_backends._cells import cell
 from rllog_backends._conventions import remember_location
@@ -114,7 +114,6 @@ class DVCLiveSink:
         self.dir = dir
         self._live: Any = None
         self._summary_warned: set[str] = set()
-        self._last_seq = 0  # the last metrics record written whole
         self._partial: set[tuple[int, str]] = set()  # (seq, name) of the values written of a record cut short
 
     @property
@@ -135,15 +134,14 @@ class DVCLiveSink:
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         live = self._require_live()
         for record in records:
-            if record.seq <= self._last_seq:  # written by an earlier attempt of this call
-                continue
             live.step = record.step
             for key, value in record.values.items():
                 name = dvclive_key(key)
                 if (record.seq, name) not in self._partial:
                     self._log_metric(live, name, float(value))
                     self._partial.add((record.seq, name))
-            self._last_seq, self._partial = record.seq, set()
+            self._partial = set()
+            took(records, record.seq)  # a repeated call (after a later record's error) starts after this one
 
     def _log_metric(self, live: Any, name: str, value: float) -> None:
         path = Path(live.plots_dir) / "metrics" / f"{name}.tsv"

@@ -44,7 +44,7 @@ from typing import Any
 
 from rllog.errors import TransientError
 from rllog.records import ConfigRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.sink import Capabilities
+from rllog.sink import Capabilities, took
 from rllog.sink_errors import map_errors
 from rllog_backends._cells import cell
 from rllog_backends._conventions import remember_location
@@ -197,7 +197,6 @@ class SwanLabSink:
         self._run: Any = None
         self._written = _Written()
         self._logged = {"scalar": 0, "media": 0}  # the highest SwanLab step handed to run.log, per kind
-        self._last_seq = {"metrics": 0, "table": 0}  # per call kind, the last record taken (a repeated call skips it)
         self._last_step: dict[str, int] = {}  # per key, the rllog step of its last point in this session
         self._was_quiet: bool | None = None
 
@@ -218,7 +217,6 @@ class SwanLabSink:
         self._silence(True)
         self._written = _Written()
         self._logged = {"scalar": 0, "media": 0}
-        self._last_seq = {"metrics": 0, "table": 0}
         self._last_step = {}
         log_dir = self.log_dir or os.environ.get("SWANLAB_LOG_DIR") or os.path.join(run_info.run_dir, "swanlog")
         with map_errors("swanlab"):
@@ -265,7 +263,7 @@ class SwanLabSink:
     def write_metrics(self, records: Sequence[MetricsRecord]) -> None:
         run = self._require_run()
         for record in records:
-            if record.seq <= self._last_seq["metrics"] or not record.values:  # taken by an earlier attempt of this call
+            if not record.values:
                 continue
             row: dict[str, Any] = {}
             for key, value in record.values.items():
@@ -275,12 +273,10 @@ class SwanLabSink:
                 self._last_step[name] = record.step
                 row[name] = float(value)
             self._log(run, row, record, "scalar")
-            self._last_seq["metrics"] = record.seq
+            took(records, record.seq)  # a repeated call (after a later record's error) starts after this one
 
     def write_table(self, record: TableRecord) -> None:
         run = self._require_run()
-        if record.seq <= self._last_seq["table"]:
-            return
         import swanlab
 
         table = swanlab.echarts.Table()
@@ -288,7 +284,6 @@ class SwanLabSink:
         rows = [[cell(row.get(c), nested=False) for c in record.table.column_names] for row in record.table.to_pylist()]
         table.add(headers=columns, rows=rows)
         self._log(run, {swanlab_key(record.name, self.step_key): table}, record, "media")
-        self._last_seq["table"] = record.seq
 
     def _log(self, run: Any, row: dict[str, Any], record: MetricsRecord | TableRecord, kind: str) -> None:
         row[self.step_key] = record.step
