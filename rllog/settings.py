@@ -260,8 +260,8 @@ FINISH_OVERRUN_MAX_SECONDS = STOP_GRACE_SECONDS + KILL_WAIT_SECONDS
 POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
 LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see delivery.live_poll_interval)
 # The agent's FlushWatcher sleeps on the trainer's wake-up pipe; without a byte it looks this often whether the
-# trainer is gone (its exit usually ends the pipe first; a forked worker that holds a copy of the pipe keeps it open).
-# The followers check that themselves at each poll: this only makes it prompt for those in a long wait.
+# trainer is gone, to wake the followers (the trainer's exit usually ends the pipe first; a forked worker holding a
+# copy of the pipe keeps it open). One look a second costs next to no CPU; the followers check too at each poll.
 FLUSH_WATCH_IDLE_CHECK = 1.0
 ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
 # For this long after it sees a flush request for records the journal does not hold yet (Run.request_flush writes

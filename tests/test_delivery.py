@@ -170,29 +170,34 @@ def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_ca
 def flush_watch(tmp_path):
     """The agent's half of a flush: ``watch(followers)`` starts a FlushWatcher on a pipe (the agent's stdin) and
     returns the trainer's half, ``ask(seq, soon=False)``: the request written, then a wake-up down the pipe."""
-    pipes: list[tuple[int, FlushWatcher]] = []
+    pipes: list[tuple[int, int, FlushWatcher]] = []
 
     def watch(followers, **kwargs):
         read_end, write_end = os.pipe()
         os.set_blocking(write_end, False)
         watcher = FlushWatcher(tmp_path / "r", followers, wakeups=read_end, **kwargs).start()
-        pipes.append((write_end, watcher))
+        pipes.append((read_end, write_end, watcher))
 
         def ask(seq: int, soon: bool = False) -> None:
             request_flush(tmp_path / "r", seq, soon=soon, wake=lambda: wake_watcher(write_end))
 
+        def trainer_gone() -> None:  # its write end closed, as at the trainer's exit
+            os.close(write_end)
+            closed.add(write_end)
+
         ask.wake = lambda: wake_watcher(write_end)  # type: ignore[attr-defined]
         ask.watcher = watcher  # type: ignore[attr-defined]
-        ask.write_end = write_end  # type: ignore[attr-defined]
+        ask.trainer_gone = trainer_gone  # type: ignore[attr-defined]
         return ask
 
+    closed: set[int] = set()
     yield watch
-    for write_end, watcher in pipes:
-        try:
+    for read_end, write_end, watcher in pipes:
+        if write_end not in closed:
             os.close(write_end)
-        except OSError:  # the test closed it
-            pass
-        wait_until(lambda watcher=watcher: watcher.wakeups is None, timeout=30)  # it saw the end: its read end is idle
+        # Once it has seen the end the watcher never touches its read end again.
+        if wait_until(lambda watcher=watcher: watcher.wakeups is None, timeout=30):
+            os.close(read_end)
 
 
 def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush_request_wakes_it(tmp_path, flush_watch):
@@ -384,9 +389,9 @@ def test_the_agents_flush_watcher_sleeps_until_the_trainer_sends_a_wake_up_and_w
         assert wait_until(lambda asked=asked: follower.wakes == asked, timeout=30)
     threading.Event().wait(0.3)  # a watcher that polls looks here, ~30 times at 10 ms
     assert (watcher.looks, follower.wakes) == (3, 3)
-    wake_watcher(ask.write_end)  # a wake-up for a request already seen
+    ask.wake()  # a wake-up for a request already seen
     assert wait_until(lambda: watcher.looks == 4, timeout=30) and follower.wakes == 3
-    os.close(ask.write_end)  # the trainer is gone
+    ask.trainer_gone()
     assert wait_until(lambda: follower.wakes == 4, timeout=30) and watcher.wakeups is None
     follower.done.set()
 

@@ -19,7 +19,8 @@ default), so each sink takes half a second of steps in one call rather than one 
 20-22 ms of the agent's CPU per training step instead of 25-31 at 0.05 s); a flush request wakes them at once
 (:meth:`rllog.delivery.Follower.wake`, :class:`FlushWatcher`), so ``Run.flush`` waits no longer for it.
 
-The trainer's side: :func:`request_flush` to ask, :func:`wait_flushed` to wait for the cursors.
+The trainer's side: :func:`request_flush` to ask (with :func:`wake_watcher` to wake the agent), :func:`wait_flushed`
+to wait for the cursors.
 """
 
 from __future__ import annotations
@@ -229,8 +230,8 @@ class FlushWatcher:
             self.looks += 1
             just_gone = not gone and self.writer_gone()
             gone = gone or just_gone
-            # After the pipe's end, the request file is not read: the trainer exited or is finishing, and the
-            # followers read it themselves when woken.
+            # The pipe's end (woken, no pipe left) wakes them without a look at the file: the trainer exited or is
+            # finishing, and each follower reads the request itself once woken.
             if just_gone or (woken and (self.wakeups is None or self.request.replaced())):
                 for follower in self.followers:
                     follower.wake()
