@@ -259,7 +259,10 @@ FINISH_OVERRUN_MAX_SECONDS = STOP_GRACE_SECONDS + KILL_WAIT_SECONDS
 # -- delivery (rllog.delivery) ---------------------------------------------------------------------------------
 POLL_INTERVAL = 0.05  # a caught-up follower's wait before it reads the journal again (replays, tests)
 LIVE_POLL_MAX = 0.5  # the longest wait of a live run's follower (see delivery.live_poll_interval)
-FLUSH_WATCH_INTERVAL = 0.01  # how often the FlushWatcher reads the flush request (~10 us of CPU a look)
+# The agent's FlushWatcher sleeps on the trainer's wake-up pipe; without a byte it looks this often whether the
+# trainer is gone, to wake the followers (the trainer's exit usually ends the pipe first; a forked worker holding a
+# copy of the pipe keeps it open). One look a second costs next to no CPU; the followers check too at each poll.
+FLUSH_WATCH_IDLE_CHECK = 1.0
 ASKED_FLUSH_MIN_GAP = 0.2  # a follower honours a request nobody waits for (soon=True) at most this often
 # For this long after it sees a flush request for records the journal does not hold yet (Run.request_flush writes
 # the request before the journal writer writes them), a caught-up follower reads again every POLL_INTERVAL, not

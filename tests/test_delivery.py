@@ -14,7 +14,15 @@ from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
 
 import rllog
 from rllog.cli import main as cli_main
-from rllog.delivery import LIVE_POLL_MAX, CursorStore, FlushWatcher, Follower, RetryPolicy, request_flush
+from rllog.delivery import (
+    LIVE_POLL_MAX,
+    CursorStore,
+    FlushWatcher,
+    Follower,
+    RetryPolicy,
+    request_flush,
+    wake_watcher,
+)
 from rllog.errors import RateLimited, SinkBusy, TransientError
 from rllog.sink_errors import parse_retry_after
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
@@ -158,7 +166,41 @@ def test_sinks_flush_every_flush_interval_or_when_run_flush_asks_not_at_every_ca
     assert run.finish().ok
 
 
-def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush_request_wakes_it(tmp_path):
+@pytest.fixture
+def flush_watch(tmp_path):
+    """The agent's half of a flush: ``watch(followers)`` starts a FlushWatcher on a pipe (the agent's stdin) and
+    returns the trainer's half, ``ask(seq, soon=False)``: the request written, then a wake-up down the pipe."""
+    pipes: list[tuple[int, int, FlushWatcher]] = []
+
+    def watch(followers, **kwargs):
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        watcher = FlushWatcher(tmp_path / "r", followers, wakeups=read_end, **kwargs).start()
+        pipes.append((read_end, write_end, watcher))
+
+        def ask(seq: int, soon: bool = False) -> None:
+            request_flush(tmp_path / "r", seq, soon=soon, wake=lambda: wake_watcher(write_end))
+
+        def trainer_gone() -> None:  # its write end closed, as at the trainer's exit
+            os.close(write_end)
+            closed.add(write_end)
+
+        ask.wake = lambda: wake_watcher(write_end)  # type: ignore[attr-defined]
+        ask.watcher = watcher  # type: ignore[attr-defined]
+        ask.trainer_gone = trainer_gone  # type: ignore[attr-defined]
+        return ask
+
+    closed: set[int] = set()
+    yield watch
+    for read_end, write_end, watcher in pipes:
+        if write_end not in closed:
+            os.close(write_end)
+        # Once it has seen the end the watcher never touches its read end again.
+        if wait_until(lambda watcher=watcher: watcher.wakeups is None, timeout=30):
+            os.close(read_end)
+
+
+def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush_request_wakes_it(tmp_path, flush_watch):
     """Between reads a live follower waits (half the flush interval); a flush request, written by a trainer
     in another process, wakes it through the agent's FlushWatcher. Here the wait is an hour: only the wake
     can make the follower read, and it then takes the thirty steps in one call."""
@@ -168,21 +210,22 @@ def test_a_live_follower_takes_what_came_while_it_waited_in_one_call_and_a_flush
     follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
     waited_since = follower.caught_up_at
     follower.start()
-    FlushWatcher(tmp_path / "r", [follower]).start()
+    ask = flush_watch([follower])
     assert wait_until(lambda: follower.caught_up_at > waited_since, timeout=30)  # read the empty journal, now waits
     for step in range(30):
         run.log({"reward": step / 10}, step=step)
     run._writer.wake()
     assert wait_until(lambda: run._writer.written_seq == 30, timeout=30)
-    request_flush(tmp_path / "r", 30)  # what Run.flush in the trainer's process writes
+    ask(30)  # what Run.flush in the trainer's process does
     assert sink.wait_for(30) and sink.seqs == list(range(1, 31))
     assert sink.metric_calls == 1  # thirty steps, one call
     assert wait_until(lambda: sink.flushes == 1 and CursorStore(tmp_path / "r", "watched").load().seq == 30, timeout=30)
     assert run.finish(timeout=60).ok  # its end marker is a flush request too: the follower closes without waiting
+    ask.wake()  # the wake-up Run.finish sends an agent after that request
     assert follower.join(30) and sink.closed_with == "finished"
 
 
-def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_land(tmp_path, monkeypatch):
+def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_land(tmp_path, monkeypatch, flush_watch):
     """``Run.request_flush`` writes the request before the journal writer writes the records it names (the end of
     ``train()`` asks so, and returns). A follower woken by it that read the journal before they landed waited its
     whole ``poll_interval`` (0.5 s live; here an hour) before it looked again: it now looks every ``POLL_INTERVAL``
@@ -193,10 +236,10 @@ def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_l
     follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
     waited_since = follower.caught_up_at
     follower.start()
-    FlushWatcher(tmp_path / "r", [follower]).start()
+    ask = flush_watch([follower])
     assert wait_until(lambda: follower.caught_up_at > waited_since, timeout=30)
     read_before = follower.caught_up_at
-    request_flush(tmp_path / "r", 30)  # the request first...
+    ask(30)  # the request first...
     assert wait_until(lambda: follower.caught_up_at > read_before, timeout=30)  # woken, read nothing new
     for step in range(30):  # ...then the records
         run.log({"reward": step / 10}, step=step)
@@ -204,6 +247,7 @@ def test_a_flush_asked_before_its_records_are_in_the_journal_is_made_once_they_l
     assert wait_until(lambda: sink.flushes == 1, timeout=10) and sink.seqs == list(range(1, 31))
     assert wait_until(lambda: CursorStore(tmp_path / "r", "watched").load().seq == 30, timeout=10)
     assert run.finish(timeout=60).ok
+    ask.wake()  # the wake-up Run.finish sends an agent after its request
     assert follower.join(30) and sink.closed_with == "finished"
 
 
@@ -276,7 +320,9 @@ def test_a_flush_request_is_written_in_place_and_a_reader_racing_it_sees_each_on
     assert seen == sorted(seen)  # never an older request after a newer one
 
 
-def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_and_a_waited_one_is_not(tmp_path, monkeypatch):
+def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_and_a_waited_one_is_not(
+    tmp_path, monkeypatch, flush_watch
+):
     """The last second of ``train()`` asks for a flush at every step (``Run.request_flush``) without waiting. One
     flush per step made the trackers' fixed cost per transaction the agent's largest cost there (MLflow: 20 ms of
     CPU per one-step flush), so it fell behind just before the flush that ends ``train()``. Such requests are now
@@ -291,13 +337,13 @@ def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_an
     follower = Follower("watched", sink, run.info, follow=True, flush_interval=3600, poll_interval=3600)
     cursor = CursorStore(tmp_path / "r", "watched")
     follower.start()
-    FlushWatcher(tmp_path / "r", [follower]).start()
+    ask = flush_watch([follower])
 
     def log_and_ask(step: int, soon: bool) -> None:
         run.log({"reward": float(step)}, step=step)
         run._writer.wake()
         assert wait_until(lambda: run._writer.written_seq == step + 1, timeout=30)
-        request_flush(tmp_path / "r", step + 1, soon=soon)
+        ask(step + 1, soon=soon)
         assert sink.wait_for(step + 1)  # woken and read at once, whatever the flush
 
     for step in range(6):
@@ -311,7 +357,69 @@ def test_a_flush_request_nobody_waits_for_is_put_off_until_the_gap_has_passed_an
     assert wait_until(lambda: cursor.load().seq == 8, timeout=30) and sink.flushes == 2
     assert sink.seqs == list(range(1, 9))
     assert run.finish(timeout=60).ok
+    ask.wake()  # the wake-up Run.finish sends an agent after its request
     assert follower.join(30) and sink.closed_with == "finished"
+
+
+class _CountsWakes:
+    """A follower as the FlushWatcher sees it: alive until ``done``, counting its wakes."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = threading.Thread(target=self.done.wait, daemon=True)
+        self.thread.start()
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+
+def test_the_agents_flush_watcher_sleeps_until_the_trainer_sends_a_wake_up_and_wakes_the_followers_once_a_request(
+    flush_watch,
+):
+    """The watcher read the request file every 10 ms, ~15 ms of the agent's CPU per second of the run on cores that
+    training needs. It now sleeps on the agent's stdin: it looks once per wake-up the trainer sends after writing a
+    request, never in between (its look for a gone trainer is an hour away here), and wakes the followers only for
+    a request it has not seen; the pipe's end (the trainer exited) wakes them too."""
+    follower = _CountsWakes()
+    ask = flush_watch([follower], idle_check=3600.0)
+    watcher = ask.watcher
+    for asked in range(1, 4):
+        ask(asked * 10)
+        assert wait_until(lambda asked=asked: follower.wakes == asked, timeout=30)
+    threading.Event().wait(0.3)  # a watcher that polls looks here, ~30 times at 10 ms
+    assert (watcher.looks, follower.wakes) == (3, 3)
+    ask.wake()  # a wake-up for a request already seen
+    assert wait_until(lambda: watcher.looks == 4, timeout=30) and follower.wakes == 3
+    ask.trainer_gone()
+    assert wait_until(lambda: follower.wakes == 4, timeout=30) and watcher.wakeups is None
+    follower.done.set()
+
+
+def test_a_flush_asked_while_the_agent_is_frozen_does_not_block_the_trainer_and_is_made_once_it_runs(tmp_path):
+    """The trainer wakes the agent with a byte down its stdin; an agent stopped by SIGSTOP reads none, and once its
+    pipe is full a blocking write would hang the training thread in ``request_flush``. The pipe is non-blocking:
+    the wake-ups beyond its capacity are dropped (those in it wake the agent), and the flush is made once it runs."""
+    import fcntl
+
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False)
+    run.log({"x": 1.0}, step=0)
+    assert run.flush(timeout=60).ok
+    agent = run._agent
+    capacity = fcntl.fcntl(agent._wakeups.fileno(), fcntl.F_GETPIPE_SZ)
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        asked = threading.Thread(target=lambda: [agent.wake_flush_watcher() for _ in range(capacity + 100)], daemon=True)
+        asked.start()
+        asked.join(60)
+        assert not asked.is_alive()  # every wake-up returned, the pipe full
+        run.log({"x": 2.0}, step=1)
+        run.request_flush(at_once=True)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    assert run.flush(timeout=60).ok
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [1.0, 2.0]
+    assert run.finish(timeout=60).ok
 
 
 TRAINER = r"""

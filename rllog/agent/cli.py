@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         "--parent-pid", type=int, default=None, help="the trainer's pid: when it dies, deliver what is left and close as killed"
     )
     parser.add_argument("--orphan-timeout", type=float, default=ORPHAN_TIMEOUT_SECONDS)
-    parser.add_argument(OPTIONS_FROM_STDIN, action="store_true", help="read the sinks' options (JSON) from standard input")
+    parser.add_argument(
+        OPTIONS_FROM_STDIN,
+        action="store_true",
+        help="read the sinks' options (one JSON line) from standard input, then flush wake-ups",
+    )
     parser.add_argument(
         STANDBY_ARG,
         action="store_true",
@@ -96,11 +100,22 @@ def main(argv: list[str] | None = None) -> int:
 
         run_sampler(args.parent_pid, args.system_metrics_fd, args.system_interval, threading.Event())
     if not args.standby:
-        options = json.loads(sys.stdin.read() or "{}") if args.options_stdin else None
+        # One line (AgentProcess): the pipe stays open and then carries the trainer's flush wake-ups.
+        options = json.loads(sys.stdin.readline() or "{}") if args.options_stdin else None
         lower_priority(idle=False)
+    # The trainer's flush wake-ups come down stdin after the options (rllog.delivery.FlushWatcher).
+    wakeups = sys.stdin.fileno() if args.standby or args.options_stdin else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        failed = serve(args.run_dir, args.follow, args.parent_pid, orphan_timeout=args.orphan_timeout, options=options, heap=heap)
+        failed = serve(
+            args.run_dir,
+            args.follow,
+            args.parent_pid,
+            orphan_timeout=args.orphan_timeout,
+            options=options,
+            heap=heap,
+            wakeups=wakeups,
+        )
     except RestartAgent as exc:
         print(f"rllog: restarting the delivery agent: {exc}", flush=True)
         os._exit(EXIT_RESTART)

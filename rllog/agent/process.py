@@ -1,7 +1,7 @@
 """:class:`AgentProcess`: the delivery agent of one run, supervised from the trainer.
 
 It starts the agent in its own session (a Ctrl-C aimed at the trainer does not hit it), hands it the sinks' options
-through a pipe (so secrets in ``backend_options`` never reach the disk), watches it from its own thread, restarts it
+through a pipe (so secrets in ``backend_options`` never reach the disk) that then carries its flush wake-ups, watches it from its own thread, restarts it
 when it dies for the whole life of the run (:class:`RestartBudget`: a budget of restarts that refills over time, with
 backoff), says on the trainer's stderr when a sink fails or starts dead-lettering (read off its cursor) and when
 delivery cannot go on, and stops it at ``finish``'s deadline.
@@ -25,7 +25,7 @@ from rllog import settings
 from rllog.agent.launch import EXIT_SINKS_FAILED, launch
 from rllog.agent.placement import FROZEN_STATES, process_state
 from rllog.agent.standby import register_agent, take_standby
-from rllog.delivery import RETRY_NOTE, CursorStore, SinkState, notices
+from rllog.delivery import RETRY_NOTE, CursorStore, SinkState, notices, wake_watcher
 from rllog.rundir import AGENT_LOG
 from rllog.settings import KILL_WAIT_SECONDS, STOP_GRACE_SECONDS
 
@@ -124,6 +124,7 @@ class AgentProcess:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
+        self._wakeups: Any = None  # the current agent's stdin, non-blocking once its options are sent
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> AgentProcess:
@@ -156,6 +157,8 @@ class AgentProcess:
             return True
         except subprocess.TimeoutExpired:
             pass
+        finally:
+            self._close_wakeups()  # what the agent still does needs no more of them
         if process_state(proc.pid) in FROZEN_STATES:
             self.cause = (
                 f"the delivery agent (pid {proc.pid}) was frozen (stopped by a signal such as SIGSTOP, or a debugger) "
@@ -174,6 +177,18 @@ class AgentProcess:
         except subprocess.TimeoutExpired:
             log.warning("rllog: the delivery agent (pid %s) did not exit %.1fs after SIGKILL", proc.pid, KILL_WAIT_SECONDS)
         return False
+
+    def wake_flush_watcher(self) -> None:
+        """Tell the agent's :class:`rllog.delivery.FlushWatcher` that a flush request was written (under the lock:
+        a restart closes the previous agent's pipe, whose descriptor number a new file could take)."""
+        with self._lock:
+            if self._wakeups is not None:
+                wake_watcher(self._wakeups.fileno())
+
+    def _close_wakeups(self) -> None:
+        with self._lock:
+            wakeups, self._wakeups = self._wakeups, None
+        _close_pipe(wakeups)
 
     def wait_while_alive(self, deadline: float) -> None:
         """Block until the agent exits for good or ``deadline``; restarts (by the watcher) are waited through."""
@@ -215,7 +230,7 @@ class AgentProcess:
             payload = json.dumps(assignment) + "\n"
         else:
             proc, samples_read = launch([str(self.run_dir)], self.run_dir / AGENT_LOG, self.system_interval)
-            payload = json.dumps(self.options)
+            payload = json.dumps(self.options) + "\n"  # one line: the pipe then carries flush wake-ups
         if samples_read is not None:
             from rllog.system_metrics import SampleReader
 
@@ -223,14 +238,20 @@ class AgentProcess:
             if self._samples is not None:
                 self._samples.close()
             self._samples = SampleReader(samples_read)
+        wakeups = proc.stdin
         try:
-            assert proc.stdin is not None
-            proc.stdin.write(payload.encode())
-            proc.stdin.close()
+            assert wakeups is not None
+            wakeups.write(payload.encode())
+            wakeups.flush()
+            # A wake-up must never block the training thread (an agent stopped by SIGSTOP leaves the pipe full).
+            os.set_blocking(wakeups.fileno(), False)
         except OSError:  # it died at once; the watcher sees it
-            pass
+            _close_pipe(wakeups)
+            wakeups = None
         with self._lock:
             self.proc = proc
+            previous, self._wakeups = self._wakeups, wakeups
+        _close_pipe(previous)
         self._started_at = time.monotonic()
         register_agent(self)
 
@@ -322,6 +343,16 @@ class AgentProcess:
             except OSError as exc:  # e.g. no memory for a new process: try again later
                 self.cause = f"the delivery agent could not be restarted: {exc}"
                 self._say(f"rllog: {self.cause}")
+
+
+def _close_pipe(pipe: Any) -> None:
+    """Close an agent's stdin; one whose agent died may hold options it could not send (EPIPE on the last flush)."""
+    if pipe is None:
+        return
+    try:
+        pipe.close()
+    except OSError:
+        pass
 
 
 def _last_line(path: Path) -> str:

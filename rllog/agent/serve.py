@@ -31,11 +31,13 @@ def serve(
     on_progress: Callable[[str, int], None] | None = None,
     options: dict[str, dict[str, Any]] | None = None,
     heap: StartupHeap | None = None,
+    wakeups: int | None = None,
 ) -> int:
     """Deliver ``run_dir`` to its sinks (or to ``only``, by name); returns the number of sinks that failed.
 
     ``options`` (sink name -> keyword options) override the run file's redacted copies. ``heap``: the
-    collector paused for the start-up, frozen and resumed here once every sink is open.
+    collector paused for the start-up, frozen and resumed here once every sink is open. ``wakeups``: the pipe the
+    trainer sends its flush wake-ups down (the agent's stdin; :class:`rllog.delivery.FlushWatcher`).
     """
     from rllog import registry
     from rllog.delivery import POLL_INTERVAL, FlushWatcher, Follower, RetryPolicy, SinkState, live_poll_interval
@@ -82,7 +84,7 @@ def serve(
                 started.join(5)
             raise
     if follow:
-        FlushWatcher(run_dir, followers, writer_gone=parent_gone).start()
+        FlushWatcher(run_dir, followers, writer_gone=parent_gone, wakeups=wakeups).start()
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
         _stop_followers_on_sigterm(followers)
     orphaned_at = None

@@ -32,7 +32,8 @@ from rllog.delivery.flush import (
     FLUSH_DUE_BYTES,
     FLUSH_DUE_RECORDS,
     FLUSH_REQUEST,
-    FLUSH_WATCH_INTERVAL,
+    FLUSH_WAKEUP,
+    FLUSH_WATCH_IDLE_CHECK,
     LIVE_POLL_MAX,
     POLL_INTERVAL,
     SOON,
@@ -44,6 +45,7 @@ from rllog.delivery.flush import (
     read_flush_request,
     request_flush,
     wait_flushed,
+    wake_watcher,
 )
 from rllog.delivery.follower import BATCH_BYTES, BATCH_RECORDS, CURSOR_SAVE_RETRY, Follower
 from rllog.delivery.ledger import DurableLedger
@@ -61,7 +63,8 @@ __all__ = [
     "FLUSH_DUE_BYTES",
     "FLUSH_DUE_RECORDS",
     "FLUSH_REQUEST",
-    "FLUSH_WATCH_INTERVAL",
+    "FLUSH_WAKEUP",
+    "FLUSH_WATCH_IDLE_CHECK",
     "LIVE_POLL_MAX",
     "LOCAL_RETRY_CAP",
     "MAX_SUSPECTS",
@@ -84,4 +87,5 @@ __all__ = [
     "read_flush_request",
     "request_flush",
     "wait_flushed",
+    "wake_watcher",
 ]

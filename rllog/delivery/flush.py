@@ -19,7 +19,8 @@ default), so each sink takes half a second of steps in one call rather than one 
 20-22 ms of the agent's CPU per training step instead of 25-31 at 0.05 s); a flush request wakes them at once
 (:meth:`rllog.delivery.Follower.wake`, :class:`FlushWatcher`), so ``Run.flush`` waits no longer for it.
 
-The trainer's side: :func:`request_flush` to ask, :func:`wait_flushed` to wait for the cursors.
+The trainer's side: :func:`request_flush` to ask (with :func:`wake_watcher` to wake the agent), :func:`wait_flushed`
+to wait for the cursors.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import select
 import threading
 import time
 import zlib
@@ -43,7 +45,7 @@ from rllog.settings import (  # the tuning constants, each explained there
     FLUSH_FAST_POLL_FOR,
     FLUSH_POLL_SECONDS,
     FLUSH_SLOW_POLL_SECONDS,
-    FLUSH_WATCH_INTERVAL,
+    FLUSH_WATCH_IDLE_CHECK,
     LIVE_POLL_MAX,
     POLL_INTERVAL,
 )
@@ -57,7 +59,8 @@ __all__ = [
     "FLUSH_POLL_SECONDS",
     "FLUSH_REQUEST",
     "FLUSH_SLOW_POLL_SECONDS",
-    "FLUSH_WATCH_INTERVAL",
+    "FLUSH_WAKEUP",
+    "FLUSH_WATCH_IDLE_CHECK",
     "LIVE_POLL_MAX",
     "POLL_INTERVAL",
     "FlushRequest",
@@ -67,14 +70,19 @@ __all__ = [
     "read_flush_request",
     "request_flush",
     "wait_flushed",
+    "wake_watcher",
 ]
 
 FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: one fixed-length line, see request_flush
+# What the trainer writes down the agent's stdin after each request (:func:`wake_watcher`): the request itself stays
+# in the file, the durable record (a request left by a killed trainer is acted on by the next agent's followers).
+FLUSH_WAKEUP = b"f"
+WAKEUPS_READ_BYTES = 4096  # wake-ups taken in one read: any number of them wakes the followers once
 SOON = "soon"
 WAITED = "wait"
 
 
-def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> None:
+def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False, wake: Callable[[], object] | None = None) -> None:
     """Ask every follower of the run to flush its sink as soon as it has delivered the records up to ``seq``.
 
     ``soon``: nobody waits for this flush (``Run.request_flush()``); a follower may put it off for up to
@@ -86,6 +94,12 @@ def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> N
     directory (that cost 0.2-0.4 ms of the training thread's CPU a call while the agent worked in the same
     directory, when the last second of ``train()`` asked at every step). The nonce makes every request new to a reader;
     the checksum lets a reader that raced the write see it as not written yet (:func:`read_flush_request`).
+
+    ``wake``: called once the line is written, to wake the agent's :class:`FlushWatcher` (``AgentProcess``'s
+    :func:`wake_watcher`); the file stays the durable record that a new agent's followers act on.
+
+    Raises:
+        OSError: the request could not be written (a full disk); nobody is woken.
     """
     body = f"{int(seq):020d} {SOON if soon else WAITED} {time.monotonic_ns() % 10**20:020d}"
     line = f"{body} {zlib.crc32(body.encode()):08x}\n".encode()
@@ -101,6 +115,8 @@ def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False) -> N
         os.close(fd)
     if written != len(line):  # a full disk: the line would read as torn (refused), like no request
         raise OSError(errno.ENOSPC, f"flush request: wrote {written} of {len(line)} bytes")
+    if wake is not None:
+        wake()
 
 
 def read_flush_request(run_dir: str | os.PathLike) -> tuple[bytes, int, bool] | None:
@@ -164,31 +180,75 @@ class FlushWatcher:
     """Wakes the followers of a run in another process (the agent) when the trainer asks for a flush, and when
     the trainer is gone (``writer_gone``).
 
-    One thread looks at the request file every :data:`FLUSH_WATCH_INTERVAL`, so the followers can wait a
-    whole :func:`live_poll_interval` between reads of the journal without making ``Run.flush`` wait for it.
+    One thread blocks on ``wakeups``, the read end of the pipe the trainer writes :data:`FLUSH_WAKEUP` to after each
+    request (:func:`request_flush`'s ``wake``; the agent's stdin), so the followers can wait a whole
+    :func:`live_poll_interval` between reads of the journal without making ``Run.flush`` wait for it, and an idle
+    agent spends no CPU on the watch. End of file on the pipe (the trainer exited, or closed it at ``finish``) wakes
+    the followers too. Without a pipe, or after its end, the thread only looks every ``idle_check`` whether the
+    trainer is gone; the followers still read the request file at each of their polls (:class:`FlushSchedule`).
+
+    ``looks``: how many times the thread woke up (a byte, the pipe's end, or ``idle_check``).
     """
 
     def __init__(
-        self, run_dir: str | os.PathLike, followers: Sequence[Wakeable], writer_gone: Callable[[], bool] = lambda: False
+        self,
+        run_dir: str | os.PathLike,
+        followers: Sequence[Wakeable],
+        writer_gone: Callable[[], bool] = lambda: False,
+        wakeups: int | None = None,
+        idle_check: float = FLUSH_WATCH_IDLE_CHECK,
     ):
         self.request = FlushRequest(run_dir)
         self.request.replaced()  # a request from before this agent started is not news
         self.followers = followers
         self.writer_gone = writer_gone
+        self.wakeups = wakeups
+        self.idle_check = idle_check
+        self.looks = 0
 
     def start(self) -> FlushWatcher:
         threading.Thread(target=self._run, name="rllog-flush-watcher", daemon=True).start()
         return self
 
+    def _wait(self) -> bool:
+        """Block until a wake-up byte, the pipe's end or ``idle_check``; True when the trainer sent a byte or closed
+        the pipe."""
+        if self.wakeups is None:
+            time.sleep(self.idle_check)
+            return False
+        readable, _, _ = select.select([self.wakeups], [], [], self.idle_check)
+        if not readable:
+            return False
+        if not os.read(self.wakeups, WAKEUPS_READ_BYTES):  # every write end closed: no more requests come this way
+            self.wakeups = None
+        return True
+
     def _run(self) -> None:
         gone = False
         while any(f.thread is not None and f.thread.is_alive() for f in self.followers):
+            woken = self._wait()
+            self.looks += 1
             just_gone = not gone and self.writer_gone()
             gone = gone or just_gone
-            if self.request.replaced() or just_gone:
+            # The pipe's end (woken, no pipe left) wakes them without a look at the file: the trainer exited or is
+            # finishing, and each follower reads the request itself once woken.
+            if just_gone or (woken and (self.wakeups is None or self.request.replaced())):
                 for follower in self.followers:
                     follower.wake()
-            time.sleep(FLUSH_WATCH_INTERVAL)
+
+
+def wake_watcher(fd: int) -> bool:
+    """Send :data:`FLUSH_WAKEUP` down the non-blocking pipe ``fd`` (to the agent's :class:`FlushWatcher`), after
+    :func:`request_flush` wrote the request. False when nobody reads the pipe any more (the agent died: its
+    successor reads the request file when it starts). A full pipe holds wake-ups not read yet: the watcher wakes
+    for those, which is all this one would do."""
+    try:
+        os.write(fd, FLUSH_WAKEUP)
+    except BlockingIOError:
+        return True
+    except OSError:  # EPIPE: the agent is gone
+        return False
+    return True
 
 
 def wait_flushed(run_dir: str | os.PathLike, sink_names: Sequence[str], seq: int, deadline: float) -> bool:

@@ -84,12 +84,12 @@ def sink_factory(name: str, options: Mapping[str, Any] | None) -> Callable[[], A
     return lambda: registry.create(name, dict(options or {}))
 
 
-def all_flushed(run_dir: Path, sink_names: list[str], target: int) -> bool:
-    """Whether every sink's cursor is at ``target`` or past it, or the sink is failed (a failed sink is not waited for)."""
-    from rllog.delivery import CursorStore, SinkState
+def wait_flushed(run_dir: Path, sink_names: list[str], target: int, deadline: float) -> bool:
+    """Wait until every sink's cursor is at ``target`` or past it, or the sink is failed (a failed sink is not
+    waited for), or the monotonic ``deadline`` (:func:`rllog.delivery.wait_flushed`); True when none is behind."""
+    from rllog.delivery import wait_flushed as wait
 
-    cursors = [CursorStore(run_dir, name).load() for name in sink_names]
-    return all(c.seq >= target or c.state in SinkState.BROKEN for c in cursors)
+    return wait(run_dir, sink_names, target, deadline)
 
 
 def acknowledged_seq(run_dir: Path) -> int:
@@ -103,12 +103,13 @@ def acknowledged_seq(run_dir: Path) -> int:
     return last
 
 
-def ask_flush(run_dir: Path, target: int, soon: bool) -> None:
-    """Write the flush request the agent's followers watch (:func:`rllog.delivery.request_flush`).
+def ask_flush(run_dir: Path, target: int, soon: bool, agent: Any = None) -> None:
+    """Write the flush request the followers act on (:func:`rllog.delivery.request_flush`) and wake ``agent``'s
+    flush watcher (the agent process, when there is one) to read it.
 
     Raises:
         OSError: the request could not be written (a full disk).
     """
     from rllog.delivery import request_flush
 
-    request_flush(run_dir, target, soon=soon)
+    request_flush(run_dir, target, soon=soon, wake=agent.wake_flush_watcher if agent is not None else None)

@@ -39,9 +39,6 @@ from rllog.run.opening import (
 from rllog.run.signals import SignalAwareLock
 from rllog.rundir import FinishReport, RunFile, SinkSpec, html_table, report
 from rllog.settings import (
-    FLUSH_FAST_POLL_FOR,
-    FLUSH_POLL_SECONDS,
-    FLUSH_SLOW_POLL_SECONDS,
     JOURNAL_WRITE_INTERVAL,
     STOP_GRACE_SECONDS,
 )
@@ -277,14 +274,11 @@ class Run(RunBase):
         with self._lock:
             self._check_open()
             target = self._seq
-        started = time.monotonic()
-        deadline = started + timeout
+        deadline = time.monotonic() + timeout
         self._writer.wake()
         self._writer.wait_written(target, timeout)
         self._ask_flush(target)
-        while time.monotonic() < deadline and not delivery_link.all_flushed(self.run_dir, self.sink_names, target):
-            fast = time.monotonic() - started < FLUSH_FAST_POLL_FOR
-            time.sleep(FLUSH_POLL_SECONDS if fast else FLUSH_SLOW_POLL_SECONDS)  # a train() ends with this wait
+        delivery_link.wait_flushed(self.run_dir, self.sink_names, target, deadline)  # a train() ends with this wait
         return report(self.run_dir, self.sink_names, upto=target, scan=self._scan())
 
     def request_flush(self, at_once: bool = False) -> None:
@@ -295,7 +289,7 @@ class Run(RunBase):
         again every :data:`rllog.settings.POLL_INTERVAL` until the records land.
 
         The journal writer is woken last: woken first, it would take the GIL from the training thread while this
-        call writes the request. The agent looks at the request every 10 ms."""
+        call writes the request. The agent is woken by a byte down its stdin (:func:`rllog.delivery.request_flush`)."""
         with self._lock:
             self._check_open()
             target = self._seq
@@ -313,7 +307,7 @@ class Run(RunBase):
             for follower in self._followers:
                 follower.wake()
         try:
-            delivery_link.ask_flush(self.run_dir, target, soon=soon)
+            delivery_link.ask_flush(self.run_dir, target, soon=soon, agent=self._agent)
         except OSError as exc:  # a full disk: the sinks are still flushed every flush_interval
             if not quiet:
                 log.warning("rllog: cannot ask the sinks to flush now (%s); waiting for their next flush", exc)
