@@ -67,7 +67,7 @@ def reference(world: int, step: int) -> dict[str, float]:
     return ref
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [3])  # more than two ranks, an odd count: a mean over ranks is not a pair's
 def test_torchrun_reduces_across_ranks_and_only_rank0_writes(tmp_path, world):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -177,9 +177,11 @@ def wait_closed(run_dir, timeout=90):
     return False
 
 
-def test_sigkill_at_20_random_points_loses_nothing(tmp_path):
+def test_sigkill_at_10_random_points_loses_nothing(tmp_path):
+    """Ten random kill points here; the fault-schedule explorer (tests/test_explorer.py, benchmarks/soak.py) kills
+    the agent at many more, amid other faults."""
     rng = random.Random(20261122)
-    for trial in range(20):
+    for trial in range(10):
         run_dir = tmp_path / f"r{trial}"
         must_have = kill_at_random_point(run_dir, "parquet", rng)
         assert wait_closed(run_dir), f"trial {trial}: the agent did not close the sinks as killed"

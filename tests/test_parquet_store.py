@@ -65,13 +65,19 @@ while True:
 """
 
 
+# Kills of the writer: at least KILLS_MIN, and on until one has landed inside a merge (at most KILLS_MAX).
+KILLS_MIN, KILLS_MAX = 12, 40
+
+
 @pytest.mark.slow
 def test_sigkill_at_random_points_inside_merges_loses_and_duplicates_nothing(tmp_path):
     directory = tmp_path / "d"
     rng = random.Random(5)
     inside_merge = 0
     flushed = 0
-    for trial in range(25):
+    for trial in range(KILLS_MAX):
+        if trial >= KILLS_MIN and inside_merge:
+            break
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory)], stdout=subprocess.PIPE, text=True)
         proc.stdout.readline()  # started
         time.sleep(rng.uniform(0.05, 0.4))  # the fault: a SIGKILL at a random instant of the writer's work
@@ -86,7 +92,7 @@ def test_sigkill_at_random_points_inside_merges_loses_and_duplicates_nothing(tmp
         seqs = PartStore.read(directory).column("seq").to_pylist()
         assert seqs == list(range(1, len(seqs) + 1)), trial  # in order, nothing twice, no gap
         assert len(seqs) >= flushed  # everything flushed before the kill is there
-    assert inside_merge >= 1, "no kill landed inside a merge; raise the trials"
+    assert inside_merge >= 1, "no kill landed inside a merge; raise KILLS_MAX"
     store = PartStore(directory, "seq")
     store.open()  # takes over: tails to parts, replaced inputs and temporary files removed
     store.close()
