@@ -9,4 +9,5 @@ if [ "$#" -eq 0 ]; then
   echo "lint and types: ruff check, ruff format --check, mypy" >&2
   bash scripts/lint.sh
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# --durations: the slowest tests, listed at the end (the suite must stay well under CI's 15 minutes)
+exec .venv/bin/python -m pytest -q --durations=25 "$@"

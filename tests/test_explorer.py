@@ -14,8 +14,9 @@ import fault_schedules as fs
 import pytest
 from sinks import CannotMount, cannot_mount
 
-# Together they inject every kind in fs.FAULT_KINDS (checked below); 30 has 20-metric records on a 4 MB disk.
-SEEDS = (3, 5, 7, 8, 10, 12, 15, 30)
+# The fewest seeds that together inject every kind in fs.FAULT_KINDS (checked below), and 30: 20-metric records on a
+# 4 MB disk. benchmarks/soak.py runs as many more schedules as one asks for (docs/reliability-soak.md).
+SEEDS = (7, 8, 10, 12, 30)
 SHRINK_RUNS = 4  # schedules run to shrink a failure (each 10-30 s)
 
 
