@@ -52,21 +52,22 @@ def _check(run_dir: str | os.PathLike, attempts: str) -> Path:
 
 def _journal_tail(run_dir: Path) -> tuple[int, bool]:
     """``(highest seq of a readable record, whether the journal ends with an end marker)``, from the last segment
-    that holds a record (earlier segments are not read)."""
+    that holds a frame (earlier segments are not read)."""
     from rllog import journal
 
     for segment in reversed(journal.segments(journal.journal_dir(run_dir))):
         first = int(segment.name.split(".")[0])
         reader = journal.JournalReader(run_dir, after_seq=first - 1, decode=False)
-        last, ended = 0, False
+        last, ended, framed = 0, False, False
         try:
             while batch := reader.read(100_000):
                 for kind, seq in batch:
+                    framed = True
                     ended = kind == journal.KIND_END
                     last = last if ended else max(last, seq)
         finally:
             reader.close()
-        if last:
+        if framed:  # a run that logged nothing still ends with its end marker
             return last, ended
     return 0, False
 

@@ -82,3 +82,13 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     run.finish()
     with pytest.raises(rllog.RllogError, match="attempts='last'"):
         rllog.read_metrics(tmp_path / "r", attempts="last")
+
+
+def test_a_run_that_logged_nothing_reads_as_finished(tmp_path):
+    """Its journal holds only the end marker: ``rllog runs`` showed it as ``stopped``."""
+    from rllog.read import journal_end, run_status
+
+    rllog.init(report_to="tensorboard", run_dir=tmp_path / "empty", quiet=True).finish()
+    assert journal_end(tmp_path / "empty") == "finished"
+    assert run_status(tmp_path / "empty") == "finished"
+    assert rllog.read_metrics(tmp_path / "empty").num_rows == 0
