@@ -154,7 +154,7 @@ class ClearMLSink:
         if self.offline is not None:
             Task.set_offline(self.offline)
         # ClearML's reporting subprocess takes 5-11 s per flush and close; its thread reporter writes at once.
-        BackendTask._report_subprocess_enabled = False  # type: ignore[assignment]  # a lazily read config value
+        BackendTask._report_subprocess_enabled = False  # a lazily read config value
         project = self.project or run_info.project
         with map_errors("clearml"):
             previous = None if Task.is_offline() else self._find_task(Task, project, run_info.run_id)

@@ -240,9 +240,9 @@ def _block_cloud_probe(comet_ml: Any) -> None:
     sends three HTTP requests to the cloud-metadata address whenever environment details are logged;
     no setting turns it off. Replaced for the whole process, once an offline sink opens.
     """
-    import comet_ml.experiment
+    from comet_ml import experiment
 
-    comet_ml.experiment.get_env_cloud_details = _no_cloud_details
+    experiment.get_env_cloud_details = _no_cloud_details
 
 
 def _last_message_id(path: Path) -> int:
@@ -412,7 +412,7 @@ class CometSink:
             log_code=False,
             log_graph=False,
             parse_args=False,
-            auto_output_logging=False,  # type: ignore[arg-type]  # False turns it off; Comet annotates only its modes (str)
+            auto_output_logging=False,  # False turns it off (Comet annotates only its modes, str)
             auto_param_logging=False,
             auto_metric_logging=False,
             auto_log_co2=False,

@@ -200,7 +200,7 @@ def exit_written(path: str | os.PathLike) -> bool:
         else:
             payload = chunk
         if payload is not None:
-            record = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module
+            record = pb.Record()  # generated protobuf module
             try:
                 record.ParseFromString(payload)
             except Exception:
