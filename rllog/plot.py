@@ -126,7 +126,8 @@ def plot_runs(
         names = [n for n in metrics if n in present]
     else:
         names = crucial_keys(s.series) or sorted(s.series)[:DEFAULT_PANELS_MAX]
-        names += [n for n in EXTRA_PANELS if n in s.series and n not in names]
+        # by its last part: the integrations log ``train/learning_rate``
+        names += [n for n in sorted(s.series) if n.rsplit("/", 1)[-1] in EXTRA_PANELS and n not in names]
         names += sorted({a["metric"] for a in marks if a.get("metric") in s.series} - set(names))
     if not names:
         raise NothingToPlot(f"no metrics to plot in {', '.join(map(str, run_dirs))}")

@@ -23,7 +23,7 @@ def runs_root(tmp_path, monkeypatch):
     for name, steps in (("first", STEPS), ("second", STEPS // 2)):
         run = rllog.init(report_to="tensorboard", run_dir=root / name, name=name, delivery="thread", health=False)
         for step in range(steps):
-            run.log({"reward": step / steps, "learning_rate": 1e-3 * (steps - step), "kl": 0.01}, step=step)
+            run.log({"reward": step / steps, "train/learning_rate": 1e-3 * (steps - step), "kl": 0.01}, step=step)
         assert run.finish().ok
     return root
 
@@ -59,7 +59,7 @@ def test_runs_lists_every_run_and_show_takes_the_latest_or_a_parent_folder(runs_
     logdir = Path(out.split("data: logdir=")[1].split("\n")[0])
     assert logdir.name == "first" and any(logdir.glob("events.out.tfevents.*"))  # where TensorBoard wrote the run
     metric_rows = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") == 7]
-    assert metric_rows == ["reward", "kl", "learning_rate"]  # the catalog's crucial metrics first, then by name
+    assert metric_rows == ["reward", "kl", "train/learning_rate"]  # the catalog's crucial metrics first, then by name
 
 
 def test_errors_are_one_line_saying_what_to_do(runs_root, tmp_path, capsys, monkeypatch):
@@ -115,6 +115,10 @@ def test_plot_overlays_runs_with_names_dates_labels_smoothing_and_the_learning_r
     assert drawn["title"].startswith("rllog / first (20") and " vs rllog / second (20" in drawn["title"]
     assert drawn["title"].endswith("(smoothing 0.6)")
     # each run: the raw series (faint) and the smoothed one
-    assert drawn["panels"] == [("reward", "reward", 4), ("kl", "kl", 5), ("learning_rate", "learning_rate", 4)]
+    assert drawn["panels"] == [
+        ("reward", "reward", 4),
+        ("kl", "kl", 5),
+        ("train/learning_rate", "learning_rate", 4),
+    ]  # as the integrations name it
     labels = drawn["title"].split("  (smoothing")[0].split(" vs ")
     assert drawn["legend"][:2] == labels  # each run named in the legend, as in the title
