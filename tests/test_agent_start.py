@@ -54,3 +54,20 @@ def test_agent_runs_at_idle_priority_from_its_first_instruction(tmp_path, monkey
     assert run.finish().ok
     seen = dict(line.split() for line in (tmp_path / "policies").read_text().splitlines())
     assert seen == {str(pid): str(os.SCHED_IDLE)}
+
+
+def test_a_parquet_agent_never_loads_pandas(tmp_path):
+    """pyarrow's first array imports pandas to ask whether it is installed: ~0.4 s of CPU in every agent, most of a
+    short run's delivery (and of each test's ``finish``). The agent answers that first question itself; the proof is
+    its memory map once it has written the records (the journal's table and metrics both go through pyarrow)."""
+    with rllog.init(report_to="parquet", run_dir=tmp_path / "r", health=False) as run:
+        for step in range(3):
+            run.log({"x": float(step)}, step=step)
+        run.log_table("completions", {"text": ["a", "b"]}, step=2)
+        run.flush()
+        maps = open(f"/proc/{run._agent.pid}/maps").read()
+    assert run.finish().ok
+    assert "pyarrow" in maps  # the records went through pyarrow in that process
+    assert "pandas" not in maps
+    metrics = rllog.read_metrics(tmp_path / "r")
+    assert [(r["step"], r["key"], r["value"]) for r in metrics.to_pylist()] == [(0, "x", 0.0), (1, "x", 1.0), (2, "x", 2.0)]

@@ -181,17 +181,20 @@ class Run(RunBase):
             advances_step: the record's step becomes the run's step (metrics).
         """
         now = time.time() if stamp is None else stamp
-        with self._lock:
-            if self._forked or self._finishing is not None:
-                if source == USER:
-                    self._check_open()
-                elif source == AGENT:
-                    return
-            self._seq += 1
-            at = step() if callable(step) else step
-            if advances_step:
-                self._step = at
-            self._writer.append(make(self._seq, at, now))
+        try:
+            with self._lock.raw:
+                if self._forked or self._finishing is not None:
+                    if source == USER:
+                        self._check_open()
+                    elif source == AGENT:
+                        return
+                self._seq += 1
+                at = step() if callable(step) else step
+                if advances_step:
+                    self._step = at
+                self._writer.append(make(self._seq, at, now))
+        finally:  # the wrapper's __exit__ would cost log two Python calls
+            signals.after_lock()
         if source == USER and self._writer.backlog > self.max_pending:
             self._wait_for_journal()
 

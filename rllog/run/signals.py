@@ -45,29 +45,38 @@ def _on_main_thread() -> bool:
 
 
 class SignalAwareLock:
-    """A lock that knows whether the main thread is inside it (or waiting to enter), for the SIGTERM handler.
+    """A run's lock, which the SIGTERM handler (on the main thread) can ask whether the main thread holds.
 
-    Leaving it on the main thread acts on a SIGTERM noted meanwhile, once the main thread is inside no run.
+    ``with lock:`` acts on a SIGTERM noted meanwhile as it leaves, once the main thread is inside no run. The hot
+    path (``Run._append``) takes :attr:`raw`, the C lock itself, and calls :func:`after_lock` as it leaves: the
+    two Python-level calls of ``__enter__``/``__exit__`` would be a third of ``log``'s own cost.
     """
 
+    __slots__ = ("raw",)
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.main_inside = False  # written by the main thread only
+        # Reentrant only for ``_is_owned``: which thread holds it is set by the C acquire itself, so a SIGTERM
+        # landing anywhere (even between the acquire and the next line) reads it right.
+        self.raw = threading.RLock()
 
     def __enter__(self) -> SignalAwareLock:
-        # Set before acquiring: a SIGTERM landing between the acquire and this line would see the lock taken by
-        # nobody it knows of, and its finishing thread would wait on it.
-        if threading.get_ident() == _main_ident:
-            self.main_inside = True
-        self._lock.acquire()
+        self.raw.acquire()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._lock.release()
-        if self.main_inside and threading.get_ident() == _main_ident:
-            self.main_inside = False
-            if _deferred_sigterm is not None:
-                act_on_deferred_sigterm()
+        self.raw.release()
+        after_lock()
+
+    @property
+    def main_inside(self) -> bool:
+        """Whether the main thread holds it (asked on the main thread: the SIGTERM handler's)."""
+        return bool(self.raw._is_owned())  # type: ignore[attr-defined]
+
+
+def after_lock() -> None:
+    """Called as a thread leaves a run's lock: acts on a SIGTERM noted while the main thread was inside."""
+    if _deferred_sigterm is not None:
+        act_on_deferred_sigterm()
 
 
 def register(run: Run) -> None:
@@ -115,7 +124,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _main_thread_in_run(runs: list[Run]) -> bool:
-    """Whether the main thread holds (or waits for) a run's lock, or is inside a run's own ``finish``."""
+    """Whether the main thread holds a run's lock, or is inside a run's own ``finish`` (asked on the main thread).
+
+    Waiting for a lock another thread holds is not inside: the handler's worker thread gets the lock when that
+    thread lets go, and the main thread never does."""
     me = threading.get_ident()
     return any(run._lock.main_inside or run._scan_lock.main_inside or (run._finisher == me and not run.finished) for run in runs)
 
