@@ -46,8 +46,8 @@ from rllog.validate import check_step, flatten_config, redact, stack_scalars
 
 log = logging.getLogger("rllog")
 
-# A journal record before _append numbers it: (seq, step, time) -> the record.
-RecordMaker = Callable[[int, int, float], Any]
+# A journal record before _append numbers it: (seq, step, time, *fields) -> the record.
+RecordMaker = Callable[..., Any]
 # Who appends a record (Run._append): the user's call, the agent's system sample, the journal writer's health alert.
 USER, AGENT, WRITER = "user", "agent", "writer"
 WORKERS_DOC = "docs/workers.md"
@@ -164,7 +164,8 @@ class Run(RunBase):
     def _append(
         self,
         make: RecordMaker,
-        step: int | Callable[[], int],
+        fields: tuple[Any, ...],
+        step: int | Callable[[], int] | None,
         source: str = USER,
         stamp: float | None = None,
         advances_step: bool = False,
@@ -172,14 +173,18 @@ class Run(RunBase):
         """Number a record, date it and hand it to the journal writer: the one place a record gets its seq and step.
 
         Args:
-            make: builds the record from its seq, step and time (called under the run's lock).
-            step: the record's step, or a function that picks it under the lock (from the last step logged).
+            make: the record's class, or a function, called as ``make(seq, step, time, *fields)`` under the run's
+                lock.
+            fields: the rest of the record.
+            step: the record's step; None: the next one (the trainer's current step where an integration owns the
+                step, else the last step + 1); or a function that picks it under the lock.
             source: :data:`USER` (a closed run raises; ``log`` waits while the writer is ``max_pending`` behind),
                 :data:`AGENT` (a system sample: dropped once the run closes) or :data:`WRITER` (a health alert, on
                 the writer's own thread: always taken, never waits for the writer).
             stamp: the record's time (default: now).
             advances_step: the record's step becomes the run's step (metrics).
         """
+        # Written for ``log``'s cost (it is most of it): the bare C lock, no helper calls on the common path.
         now = time.time() if stamp is None else stamp
         try:
             with self._lock.raw:
@@ -189,12 +194,16 @@ class Run(RunBase):
                     elif source == AGENT:
                         return
                 self._seq += 1
-                at = step() if callable(step) else step
+                if step is None:
+                    at = self.step_source() if self.step_source is not None else self._step + 1
+                else:
+                    at = step() if callable(step) else step
                 if advances_step:
                     self._step = at
-                self._writer.append(make(self._seq, at, now))
-        finally:  # the wrapper's __exit__ would cost log two Python calls
-            signals.after_lock()
+                self._writer.append(make(self._seq, at, now, *fields))
+        finally:  # what ``with lock:`` does on the way out (see rllog.run.signals.SignalAwareLock)
+            if signals.deferred_sigterm is not None:
+                signals.act_on_deferred_sigterm()
         if source == USER and self._writer.backlog > self.max_pending:
             self._wait_for_journal()
 
@@ -213,11 +222,8 @@ class Run(RunBase):
         """
         floats, tensors = self._prepare_metrics(values)
         stacked = stack_scalars(list(tensors.values())) if tensors else None
-        names = tuple(tensors)
         self._append(
-            lambda seq, at, now: PendingMetrics(seq, at, now, floats, names, stacked),
-            self._next_step if step is None else check_step(step),
-            advances_step=True,
+            PendingMetrics, (floats, tuple(tensors), stacked), None if step is None else check_step(step), USER, None, True
         )
 
     def log_table(self, name: str, table: Any, step: int | None = None) -> None:
@@ -234,12 +240,12 @@ class Run(RunBase):
         if step is not None:
             step = check_step(step)
         table_step = step if step is not None else (lambda: self._trainer_step(max(self._step, 0)))
-        self._append(lambda seq, at, now: TableRecord(seq, at, now, name, arrow), table_step)
+        self._append(TableRecord, (name, arrow), table_step)
 
     def _log_system(self, sample: dict[str, Any]) -> None:
         """A sample of the trainer's system metrics, taken by the agent: journaled at the trainer's current step."""
         values = {k: float(v) for k, v in sample["values"].items()}
-        self._append(lambda seq, at, now: PendingMetrics(seq, at, now, values), self._current_step, AGENT, float(sample["time"]))
+        self._append(PendingMetrics, (values,), self._current_step, AGENT, float(sample["time"]))
 
     def update_config(self, values: Any) -> None:
         """Add or change hyperparameters after ``init`` (accelerate and Lightning hand config over late).
@@ -255,11 +261,8 @@ class Run(RunBase):
             self.info = dataclasses.replace(self.info, config={**self.info.config, **flat})
             return ConfigRecord(seq, at, now, flat)
 
-        self._append(record, self._current_step)
+        self._append(record, (), self._current_step)
         self._run_file().write(self.run_dir)
-
-    def _next_step(self) -> int:
-        return self.step_source() if self.step_source is not None else self._step + 1
 
     def _trainer_step(self, otherwise: int) -> int:
         """The trainer's current step where an integration owns the step, else ``otherwise``."""
@@ -461,7 +464,7 @@ class Run(RunBase):
                 def alert(seq: int, at: int, now: float, draft: Any = draft) -> AlertRecord:
                     return AlertRecord(seq, at, now, draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
 
-                self._append(alert, draft.step, WRITER)
+                self._append(alert, (), draft.step, WRITER)
                 log.log(
                     logging.ERROR if draft.level == "error" else logging.WARNING,
                     "rllog alert [%s] step %d: %s",

@@ -34,7 +34,7 @@ Run = Any
 _live_runs: weakref.WeakSet[Any] = weakref.WeakSet()
 _previous_sigterm: Any = None
 _handling_sigterm = False
-_deferred_sigterm: tuple[int, Any] | None = None  # noted while the main thread was inside a run; acted on as it leaves
+deferred_sigterm: tuple[int, Any] | None = None  # noted while the main thread was inside a run; acted on as it leaves
 
 
 _main_ident = threading.main_thread().ident  # the thread Python runs signal handlers on (a forked child's is its own)
@@ -75,7 +75,7 @@ class SignalAwareLock:
 
 def after_lock() -> None:
     """Called as a thread leaves a run's lock: acts on a SIGTERM noted while the main thread was inside."""
-    if _deferred_sigterm is not None:
+    if deferred_sigterm is not None:
         act_on_deferred_sigterm()
 
 
@@ -97,14 +97,14 @@ def _after_fork_in_child() -> None:
     """A forked child shares no writer thread with its parent's runs: their log() raises there, and the
     child's exit finishes nothing (the parent does). Each run gets new locks: one that another thread of the
     parent held at the fork would stay held in the child, where no thread will release it."""
-    global _deferred_sigterm, _main_ident
+    global deferred_sigterm, _main_ident
     _main_ident = threading.get_ident()
     for run in list(_live_runs):
         run._forked = True
         run._lock = SignalAwareLock()
         run._scan_lock = SignalAwareLock()
     _live_runs.clear()
-    _deferred_sigterm = None
+    deferred_sigterm = None
     _restore_sigterm()
 
 
@@ -134,12 +134,12 @@ def _main_thread_in_run(runs: list[Run]) -> bool:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     """Finish every live run as ``killed``, then hand the signal to whoever had it before (see the module's doc)."""
-    global _deferred_sigterm, _handling_sigterm
+    global deferred_sigterm, _handling_sigterm
     if _handling_sigterm:
         return
     runs = list(_live_runs)
     if _main_thread_in_run(runs):
-        _deferred_sigterm = (signum, frame)
+        deferred_sigterm = (signum, frame)
         return
     _handling_sigterm = True
     try:
@@ -168,10 +168,10 @@ def _finish_as_killed(runs: list[Run]) -> None:
 
 def act_on_deferred_sigterm() -> None:
     """Act on a SIGTERM noted while the main thread was inside a run, once it is inside none."""
-    global _deferred_sigterm
-    if _deferred_sigterm is None or not _on_main_thread() or _main_thread_in_run(list(_live_runs)):
+    global deferred_sigterm
+    if deferred_sigterm is None or not _on_main_thread() or _main_thread_in_run(list(_live_runs)):
         return
-    deferred, _deferred_sigterm = _deferred_sigterm, None
+    deferred, deferred_sigterm = deferred_sigterm, None
     _on_sigterm(*deferred)
 
 
