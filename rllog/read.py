@@ -18,23 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from rllog.errors import RllogError
-from rllog.records import AlertRecord, MetricsRecord, Supersession, TableRecord
+from rllog.records import ALERTS_SCHEMA, METRICS_SCHEMA, AlertRecord, MetricsRecord, Supersession, TableRecord
 
-METRICS_SCHEMA = pa.schema(
-    [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
-)
-ALERTS_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("seq", pa.int64()),
-        ("time", pa.float64()),
-        ("rule", pa.string()),
-        ("metric", pa.string()),
-        ("value", pa.float64()),
-        ("message", pa.string()),
-        ("level", pa.string()),
-    ]
-)
 ATTEMPTS = ("latest", "all")
 PARQUET = "parquet"  # the embedded default backend's name, and its store's default directory in a run
 

@@ -16,6 +16,23 @@ import pyarrow as pa
 
 from rllog.system_metrics import PREFIX as SYSTEM_PREFIX
 
+# Metrics and alerts as tables, one row per value (the Parquet store's files, and what rllog.read returns).
+METRICS_SCHEMA = pa.schema(
+    [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
+)
+ALERTS_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("seq", pa.int64()),
+        ("time", pa.float64()),
+        ("rule", pa.string()),
+        ("metric", pa.string()),
+        ("value", pa.float64()),
+        ("message", pa.string()),
+        ("level", pa.string()),
+    ]
+)
+
 # The run status: how a run ended. Not a sink's state (rllog.delivery.SinkState) nor a report's
 # (rllog.rundir.ReportState); docs/formats.md lists the three vocabularies.
 RUN_STATUSES = ("finished", "failed", "killed")

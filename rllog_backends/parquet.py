@@ -42,27 +42,21 @@ import pyarrow as pa
 
 from rllog.errors import InvalidTable, TransientError
 from rllog.files import JOURNAL_RESERVE_MIN_BYTES, free_bytes, holds_reserve
-from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, Supersession, TableRecord
+from rllog.records import (
+    ALERTS_SCHEMA,
+    METRICS_SCHEMA,
+    AlertRecord,
+    ConfigRecord,
+    MetricsRecord,
+    RunInfo,
+    Supersession,
+    TableRecord,
+)
 from rllog.rundir import RunFile
 from rllog.sink import Capabilities, took
 from rllog.sink_errors import is_disk_full
 from rllog_backends.parquet_store import PartStore, check_table, table_dir_name, whole_record_slices
 
-METRICS_SCHEMA = pa.schema(
-    [("step", pa.int64()), ("key", pa.string()), ("value", pa.float64()), ("time", pa.float64()), ("seq", pa.int64())]
-)
-ALERTS_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("seq", pa.int64()),
-        ("time", pa.float64()),
-        ("rule", pa.string()),
-        ("metric", pa.string()),
-        ("value", pa.float64()),
-        ("message", pa.string()),
-        ("level", pa.string()),
-    ]
-)
 DEFAULT_DIRECTORY = "parquet"
 META_FILE = "meta.json"
 # The open tails may hold at most this share of the process's open-file limit (RLIMIT_NOFILE): the trackers, the
