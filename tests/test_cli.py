@@ -122,3 +122,14 @@ def test_plot_overlays_runs_with_names_dates_labels_smoothing_and_the_learning_r
     ]  # as the integrations name it
     labels = drawn["title"].split("  (smoothing")[0].split(" vs ")
     assert drawn["legend"][:2] == labels  # each run named in the legend, as in the title
+
+
+def test_piped_show_never_breaks_a_long_path(tmp_path, capsys):
+    """Piped output is 120 columns wide; a run directory longer than that used to be cut across two lines, which
+    cannot be pasted into a shell (tables still fit the width)."""
+    run_dir = tmp_path / ("deep-" * 30) / "r"
+    with rllog.init(report_to="parquet", run_dir=run_dir, health=False, quiet=True) as run:
+        run.log({"reward": 1.0}, step=0)
+    assert main(["show", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"data: {run_dir}/parquet\n" in out
