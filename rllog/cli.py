@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 # Piped output (CI logs, `| less`) gets 120 columns rather than Rich's 80, so metric names fit on one line, and its
 # text lines are never broken: a long path cut in two cannot be pasted (tables still fit the width).
-_piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-console = Console(width=120 if _piped else None, soft_wrap=_piped)
+_piped = not sys.stdout.isatty()
+console = Console(width=120 if _piped and "COLUMNS" not in os.environ else None, soft_wrap=_piped)
 # Notes (which run was picked) and errors go to stderr, so that piped output holds only what was asked for.
 notes = Console(stderr=True, soft_wrap=True)  # one line per note or error, however long: greppable
 EXIT_USAGE = 2  # an error the user can fix: the message says how
