@@ -431,7 +431,8 @@ class WandbSink:
         if self._run is None:
             import wandb
 
-            if outside_the_trainer(run_info):  # process-wide changes, only where rllog owns the process
+            self._owns_process = outside_the_trainer(run_info)
+            if self._owns_process:  # process-wide changes, only where rllog owns the process
                 _skip_temporary_fsync()
                 _own_service()
             _set_up_again_if_the_variables_changed()
@@ -575,6 +576,12 @@ class WandbSink:
                     log.warning("rllog: wandb has not written the exit record of %s after %.0fs", sync_file, self.close_timeout)
                     break
                 time.sleep(0.01)
+        if getattr(self, "_owns_process", False):
+            # The agent ends with os._exit, which skips wandb's own exit: its service (wandb-core) would be left to
+            # notice alone, and its directory (wandb-PID-PID-N) stayed in the temp dir after every run.
+            import wandb
+
+            wandb.teardown()
 
     def _require_run(self) -> Any:
         if self._run is None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
+from sinks import wait_until
 
 import rllog
 from rllog import agent
@@ -71,3 +73,24 @@ def test_a_parquet_agent_never_loads_pandas(tmp_path):
     assert "pandas" not in maps
     metrics = rllog.read_metrics(tmp_path / "r")
     assert [(r["step"], r["key"], r["value"]) for r in metrics.to_pylist()] == [(0, "x", 0.0), (1, "x", 1.0), (2, "x", 2.0)]
+
+
+def test_an_agent_leaves_no_temporary_directory_behind(tmp_path, monkeypatch):
+    """wandb makes two temporary directories when imported (``wandb-media``, ``wandb-artifacts``), which the
+    interpreter's exit removes; the agent ends with ``os._exit``, and each run with wandb left both in the temp dir,
+    as did a standby that was never used."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the agent's (and its standby's) temp dir
+    monkeypatch.setattr(tempfile, "tempdir", None)  # this process reads TMPDIR again (the standby's log is made here)
+    agent.discard_standby()
+    assert rllog.prepare(["wandb"]) is True
+    standby = agent.waiting_standby()
+    agent.discard_standby()  # a standby released without a run: it exits once its imports are done
+    assert standby.proc.wait(timeout=120) == 0
+    with rllog.init(report_to="wandb", run_dir=tmp_path / "r", health=False) as run:
+        run.log({"x": 1.0}, step=0)
+        pid = run._agent.pid
+    assert run.finish().ok
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"))
+    assert sorted(p.name for p in temp.iterdir() if "wandb" in p.name) == []

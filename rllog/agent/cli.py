@@ -7,9 +7,11 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import threading
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rllog.agent.launch import EXIT_RESTART, EXIT_SINKS_FAILED, OPTIONS_FROM_STDIN, STANDBY_ARG
 from rllog.agent.placement import StartupHeap, agent_cpus, lower_priority, place
@@ -40,6 +42,24 @@ def _arrow_without_pandas() -> None:
         sys.meta_path.remove(NoPandas)
 
 
+def _exit(code: int) -> NoReturn:
+    """End the agent now: ``os._exit``, so that a tracker's non-daemon thread (or a hung sink) cannot keep it alive.
+
+    The interpreter's own exit would also have removed the temporary directories trackers make when imported (wandb:
+    ``wandb-media`` and ``wandb-artifacts``); ``os._exit`` skips that, and every agent left them in the temp dir.
+    Their finalizers are run here, and only theirs: the trackers' other exit work is what must not hold the agent.
+    """
+    cleanup = tempfile.TemporaryDirectory._cleanup.__func__  # type: ignore[attr-defined]
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):  # what the interpreter's exit runs
+        held = finalizer.peek()
+        if held is not None and getattr(held[1], "__func__", None) is cleanup:
+            try:
+                finalizer()
+            except Exception:  # a directory already gone, or not ours to remove: nothing to report at exit
+                pass
+    os._exit(code)
+
+
 def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
     """A standby's life before its run: import the trackers at idle priority, then read the run from stdin
     (exit quietly on end of file: the trainer went without training)."""
@@ -57,7 +77,7 @@ def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
     if not line.strip():
         if log_path is not None:
             log_path.unlink(missing_ok=True)
-        os._exit(0)
+        _exit(0)
     assignment = json.loads(line)
     # The trainer's environment and directory as they are now (they may have changed since the standby started).
     console = os.environ.get(CONSOLE_FD_ENV)
@@ -140,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     except RestartAgent as exc:
         print(f"rllog: restarting the delivery agent: {exc}", flush=True)
-        os._exit(EXIT_RESTART)
+        _exit(EXIT_RESTART)
     sys.stdout.flush()
-    # os._exit: a tracker's non-daemon thread (or a hung sink) must not keep the agent alive.
-    os._exit(EXIT_SINKS_FAILED if failed else 0)
+    _exit(EXIT_SINKS_FAILED if failed else 0)
