@@ -303,14 +303,15 @@ def outside_the_trainer(run_info: RunInfo) -> bool:
 
 
 @contextmanager
-def _trainer_argv(run_info: RunInfo) -> Iterator[None]:
-    """``sys.argv`` set to the trainer's command line while ``wandb.init`` runs, in a process rllog owns.
+def _trainer_argv(run_info: RunInfo, owns_process: bool) -> Iterator[None]:
+    """``sys.argv`` set to the trainer's command line while ``wandb.init`` runs, in a process rllog owns
+    (``owns_process``: :func:`outside_the_trainer`).
 
     wandb records ``sys.argv[1:]`` as the run's arguments when it starts the run (a computed setting
     that no option overrides); in the delivery agent they would be the agent's. In the trainer they are the
     trainer's already, and its ``sys.argv`` belongs to the user (another thread may read it): left alone.
     """
-    if not run_info.program or not outside_the_trainer(run_info):
+    if not run_info.program or not owns_process:
         yield
         return
     with _ARGV_LOCK:
@@ -421,6 +422,7 @@ class WandbSink:
         self.settings = dict(settings or {})
         self.close_timeout = close_timeout
         self._run: Any = None
+        self._owns_process = False  # set by open: this process is rllog's (the agent, replay), not the trainer
 
     @property
     def run(self) -> Any:
@@ -439,7 +441,7 @@ class WandbSink:
             directory = self.dir or os.environ.get("WANDB_DIR") or run_info.run_dir
             remembered = Remembered(run_info.run_dir, "wandb", run_info.run_id)
             identity = self.identity(run_info, remembered)
-            with _mapped(), _trainer_argv(run_info):
+            with _mapped(), _trainer_argv(run_info, self._owns_process):
                 Path(directory).mkdir(parents=True, exist_ok=True)
                 self._run = wandb.init(
                     **identity,
@@ -576,7 +578,7 @@ class WandbSink:
                     log.warning("rllog: wandb has not written the exit record of %s after %.0fs", sync_file, self.close_timeout)
                     break
                 time.sleep(0.01)
-        if getattr(self, "_owns_process", False):
+        if self._owns_process:
             # The agent ends with os._exit, which skips wandb's own exit: its service (wandb-core) would be left to
             # notice alone, and its directory (wandb-PID-PID-N) stayed in the temp dir after every run.
             import wandb
