@@ -63,9 +63,9 @@ GPU_TRAINING = {
 # Estimated (no GPU was at hand to time it): ~0.3-0.5 s a step on an H100, ~8 minutes with start-up: one call of a
 # 10-minute device slot.
 GPU_STEPS, GPU_ROUNDS = 40, 3
-# The smoke run: CPU, the demo's tiny model, cheap trackers only (tensorboard's import is ~0.3 s), so that the test
-# suite runs every code path of this module in seconds.
-SMOKE_TRACKERS = ["tensorboard"]
+# The smoke run: CPU, the demo's tiny model, cheap trackers only (tensorboard's import is ~0.3 s; trackio for the
+# callbacks' clean-up, which differs by transformers version), so that the suite runs every code path in seconds.
+SMOKE_TRACKERS = ["tensorboard", "trackio"]
 SMOKE_STEPS, SMOKE_ROUNDS = WARMUP_STEPS + 2, 1
 
 
@@ -202,7 +202,10 @@ def train_once(config: str, model_dir: str, workdir: Path, steps: int, smoke: bo
         if "trackio" in trackers:
             import trackio
 
-            trackio.finish()
+            try:  # transformers' TrackioCallback finishes its run at train end in recent versions
+                trackio.finish()
+            except RuntimeError:
+                pass
     return result
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rllog.delivery.cursor import SinkState
 from rllog.offline import OFFLINE_ENV, ONLINE_VARS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,11 +293,16 @@ def progress(message: str) -> None:
 # --- rllog helpers (used inside workers) -----------------------------------------------------------
 
 
-def delivered(run_dir: Path, sink: str) -> int:
+def cursor(run_dir: Path, sink: str) -> dict:
+    """A sink's cursor file (``{}`` until its first write)."""
     try:
-        return int(json.loads((Path(run_dir) / "delivery" / f"{sink}.json").read_text()).get("seq", 0))
+        return json.loads((Path(run_dir) / "delivery" / f"{sink}.json").read_text())
     except (FileNotFoundError, ValueError):
-        return 0
+        return {}
+
+
+def delivered(run_dir: Path, sink: str) -> int:
+    return int(cursor(run_dir, sink).get("seq", 0))
 
 
 SETTLE_S = 2.0
@@ -311,6 +317,9 @@ def wait_delivered(run_dir: Path, sinks: list[str], seq: int, timeout: float = 1
             waited = time.monotonic() - started
             time.sleep(settle)
             return waited
+        failed = {s: c.get("error") for s in sinks if (c := cursor(run_dir, s)).get("state") in SinkState.BROKEN}
+        if failed:  # a permanent failure (a tracker missing a module, say) never delivers: say so now
+            raise RuntimeError(f"sinks failed before seq {seq}: {failed}")
         time.sleep(0.02)
     raise TimeoutError(f"sinks {sinks} did not reach seq {seq} in {timeout}s: {[delivered(run_dir, s) for s in sinks]}")
 

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu  # noqa: E402
+import gpu_bundle  # noqa: E402
+import harness  # noqa: E402
 
 
 def test_gpu_benchmark_smoke_trains_every_configuration_and_writes_its_section(tmp_path):
@@ -49,3 +53,23 @@ def test_a_regenerated_page_keeps_the_parts_other_commands_wrote():
     assert "new tables" in page and "old tables" not in page
     assert page.count("GPU figures") == 1 and page.count("notes") == 1 and page.count(gpu.SECTION_BEGIN) == 1
     assert run.keep_parts(page, page) == page  # nothing is added twice
+
+
+def test_the_gpu_bundle_follows_extras_and_leaves_out_torch_and_what_the_machine_has():
+    """comet_ml needs ``everett[ini]``, whose ``configobj`` comes only through the extra: a bundle without it made
+    comet_ml's sink fail on the GPU machine."""
+    needed = gpu_bundle.closure(gpu_bundle.ROOTS, "3.12", present={"transformers", "pyarrow"})
+    assert {"trl", "datasets", "wandb", "mlflow", "trackio", "comet-ml", "everett", "configobj"} <= set(needed)
+    assert "torch" not in needed and "transformers" not in needed and "pyarrow" not in needed
+    import importlib.metadata
+
+    assert needed["configobj"] == importlib.metadata.version("configobj")  # the suite's own pinned version
+
+
+def test_waiting_for_delivery_stops_at_a_sink_that_failed_for_good(tmp_path):
+    (tmp_path / "delivery").mkdir()
+    (tmp_path / "delivery" / "parquet.json").write_text(json.dumps({"seq": 3, "state": "running"}))
+    (tmp_path / "delivery" / "comet_ml.json").write_text(json.dumps({"seq": 0, "state": "failed", "error": "no configobj"}))
+    with pytest.raises(RuntimeError, match=r"comet_ml.*no configobj"):
+        harness.wait_delivered(tmp_path, ["parquet", "comet_ml"], 3, timeout=60)
+    assert harness.wait_delivered(tmp_path, ["parquet"], 3, timeout=60) < 5
