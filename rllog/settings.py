@@ -26,6 +26,10 @@ Variable                 Type         Default      Meaning
                                                    ``all``: anywhere; or CPU numbers, ``2,3``.
 ``RLLOG_AGENT_LAG_MAX``  seconds      30           When delivery falls this far behind, the agent leaves idle
                                                    priority (back to nice) until caught up.
+``RLLOG_AGENT_FREE_CPUS``
+                         number       1            In ``idle`` priority, the agent's work waits while the trainer
+                                                   leaves fewer CPUs than this free (a CPU-bound training on every
+                                                   core), up to ``RLLOG_AGENT_LAG_MAX``; ``0``: never waits.
 ``RLLOG_AGENT_NICE``     integer      10           The niceness added to the agent (-20 to 19): delivery is
                                                    background work.
 ``RLLOG_CONSOLE_FD``     file         (unset)      Set by the agent, not by users: the trainer's stdout,
@@ -66,6 +70,16 @@ def parse_seconds(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(text)
     return value
+
+
+def parse_float_in(low: float, high: float) -> Callable[[str], float]:
+    def parse_float(text: str) -> float:
+        value = float(text)
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(text)
+        return value
+
+    return parse_float
 
 
 def parse_int_in(low: int, high: int) -> Callable[[str], int]:
@@ -188,6 +202,13 @@ AGENT_LAG_MAX = EnvSetting(
     "a number of seconds above 0",
     "how far behind delivery may fall before the agent leaves idle priority",
 )
+AGENT_FREE_CPUS = EnvSetting(
+    "RLLOG_AGENT_FREE_CPUS",
+    parse_float_in(0.0, 1024.0),
+    "1",
+    "a number of CPUs from 0 to 1024",
+    "how many CPUs the trainer must leave free for the delivery agent to work beside it",
+)
 AGENT_NICE = EnvSetting(
     "RLLOG_AGENT_NICE", parse_int_in(-20, 19), "10", "an integer from -20 to 19", "the niceness added to the delivery agent"
 )
@@ -206,10 +227,11 @@ ENV_SETTINGS: tuple[EnvSetting, ...] = (
     AGENT_PRIORITY,
     AGENT_CPUS,
     AGENT_LAG_MAX,
+    AGENT_FREE_CPUS,
     AGENT_NICE,
     CONSOLE_FD,
 )
-AGENT_SETTINGS: tuple[EnvSetting, ...] = (AGENT_PRIORITY, AGENT_CPUS, AGENT_LAG_MAX, AGENT_NICE)
+AGENT_SETTINGS: tuple[EnvSetting, ...] = (AGENT_PRIORITY, AGENT_CPUS, AGENT_LAG_MAX, AGENT_FREE_CPUS, AGENT_NICE)
 
 
 def check_agent_settings() -> None:

@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BAD_VALUES = [
     ("RLLOG_AGENT_LAG_MAX", "abc", "a number of seconds above 0"),  # made `import rllog.agent` raise ValueError
     ("RLLOG_AGENT_LAG_MAX", "-1", "a number of seconds above 0"),
+    ("RLLOG_AGENT_FREE_CPUS", "-1", "a number of CPUs from 0 to 1024"),
+    ("RLLOG_AGENT_FREE_CPUS", "nan", "a number of CPUs from 0 to 1024"),
     ("RLLOG_AGENT_NICE", "abc", "an integer from -20 to 19"),  # was silently 10
     ("RLLOG_AGENT_NICE", "40", "an integer from -20 to 19"),
     ("RLLOG_SYSTEM_METRICS", "abc", "0/off/false/no"),  # sampled every 5 s silently
@@ -61,6 +63,7 @@ def test_defaults_when_unset_or_blank(monkeypatch):
         "RLLOG_AGENT_PRIORITY": "idle",
         "RLLOG_AGENT_CPUS": "auto",
         "RLLOG_AGENT_LAG_MAX": 30.0,
+        "RLLOG_AGENT_FREE_CPUS": 1.0,
         "RLLOG_AGENT_NICE": 10,
         "RLLOG_CONSOLE_FD": None,
     }

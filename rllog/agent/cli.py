@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import sys
 import tempfile
 import threading
@@ -13,8 +14,9 @@ import weakref
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rllog import settings
 from rllog.agent.launch import EXIT_RESTART, EXIT_SINKS_FAILED, OPTIONS_FROM_STDIN, STANDBY_ARG
-from rllog.agent.placement import StartupHeap, agent_cpus, lower_priority, place
+from rllog.agent.placement import ImportGate, StartupHeap, TrainerLoad, agent_cpus, lower_priority, place
 from rllog.agent.serve import RestartAgent, serve
 from rllog.rundir import AGENT_LOG
 from rllog.settings import ORPHAN_TIMEOUT_SECONDS, SYSTEM_METRICS_INTERVAL
@@ -60,6 +62,20 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
+def _stop_waiting_if_dropped(load: TrainerLoad) -> None:
+    """A standby whose trainer goes without training (its stdin closed, nothing sent) stops waiting for the trainer's
+    CPUs: it reaches the end of its stdin, and exits, without waiting up to ``RLLOG_AGENT_LAG_MAX`` first."""
+    poller = select.poll()
+    poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
+    while True:
+        events = dict(poller.poll(1000))
+        if not events:
+            continue
+        if not events[sys.stdin.fileno()] & select.POLLIN:  # closed with nothing to read
+            load.stop()
+        return  # the run arrived (or the pipe closed): the main thread reads it once its imports are done
+
+
 def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
     """A standby's life before its run: import the trackers at idle priority, then read the run from stdin
     (exit quietly on end of file: the trainer went without training)."""
@@ -67,11 +83,16 @@ def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
 
     lower_priority(idle=True)  # only cycles the trainer leaves
     place(agent_cpus(os.getppid()))
-    for name in filter(None, args.sinks.split(",")):
-        try:
-            registry.resolve(name).prepare()
-        except Exception as exc:  # the run's agent will meet (and report) the same problem when it opens the sink
-            print(f"rllog: preparing {name!r} failed: {type(exc).__name__}: {exc}", flush=True)
+    idle = settings.AGENT_PRIORITY.get() == "idle"
+    load = TrainerLoad(os.getppid() if idle else None, settings.AGENT_FREE_CPUS.get(), settings.AGENT_LAG_MAX.get())
+    threading.Thread(target=_stop_waiting_if_dropped, args=(load,), name="rllog-standby-stdin", daemon=True).start()
+    with ImportGate(load.start()):  # SCHED_IDLE alone still took a core from a CPU-bound trainer (TrainerLoad)
+        for name in filter(None, args.sinks.split(",")):
+            load.wait(threading.Event())
+            try:
+                registry.resolve(name).prepare()
+            except Exception as exc:  # the run's agent will meet (and report) the same problem when it opens the sink
+                print(f"rllog: preparing {name!r} failed: {type(exc).__name__}: {exc}", flush=True)
     line = sys.stdin.readline()
     log_path = Path(args.standby_log) if args.standby_log else None
     if not line.strip():

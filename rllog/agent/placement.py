@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -134,6 +135,136 @@ class StartupHeap:
         gc.enable()
         self.frozen = True
         log.info("rllog: %d objects of the trackers' start-up frozen out of garbage collection", made)
+
+
+LOAD_SAMPLE_SECONDS = 0.25  # how often the trainer's CPU use is read while the agent may have to wait for it
+LOAD_WINDOW_SECONDS = 1.0  # the trainer's CPU use is averaged over this long (its steps alternate busy and idle)
+
+
+def cpu_demand_seconds(pid: int) -> float | None:
+    """Seconds the threads of process ``pid`` have run or waited to run, so far (``/proc/<pid>/task/*/schedstat``:
+    time on a CPU plus time runnable in a queue); None if the process is gone.
+
+    Time on a CPU alone would under-count a trainer that the agent slows: its threads then wait in the queue.
+    """
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for tid in tids:
+        try:  # bytes, no text decoding: this also runs while an import waits on it (ImportGate)
+            fd = os.open(f"/proc/{pid}/task/{tid}/schedstat", os.O_RDONLY)
+            try:
+                on_cpu, waiting, _ = os.read(fd, 128).split()
+            finally:
+                os.close(fd)
+            total += int(on_cpu) + int(waiting)
+        except (OSError, ValueError):  # a thread that ended since the listing
+            continue
+    return total / 1e9
+
+
+class TrainerLoad:
+    """Holds the agent's work back while the trainer leaves fewer than ``$RLLOG_AGENT_FREE_CPUS`` CPUs free.
+
+    ``SCHED_IDLE`` alone does not keep the agent out of a CPU-bound training's way (measured on Linux 6.18, tiny
+    GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
+    the other, and training ran 2x slower; stopped, the agent cost nothing). So while the trainer's demand for CPU
+    (its threads' time running or waiting to run, averaged over :data:`LOAD_WINDOW_SECONDS`) leaves less than that
+    many CPUs of those it may run on, the followers wait before their next read, a sink waits to open, and a
+    standby's imports wait (:class:`ImportGate`). The journal keeps every record
+    meanwhile. The wait ends when the trainer leaves room (a GPU run, a pause, ``finish``), when the trainer is
+    gone, or once delivery is ``$RLLOG_AGENT_LAG_MAX`` s behind (then :class:`PriorityGovernor` also raises the
+    agent to catch up): on a busy machine, delivery comes in bursts at most that far apart.
+
+    Example:
+        >>> load = TrainerLoad(trainer_pid=None, free_cpus=1.0, lag_max=30.0)
+        >>> load.wait(threading.Event())  # no trainer to watch: never waits
+    """
+
+    def __init__(self, trainer_pid: int | None, free_cpus: float, lag_max: float):
+        self.trainer_pid, self.free_cpus, self.lag_max = trainer_pid, free_cpus, lag_max
+        self.followers: list | None = None  # None: a standby's start-up, bounded by lag_max from start()
+        self._go = threading.Event()
+        self._go.set()
+        self._done = threading.Event()
+        self.held_seconds = 0.0  # how long the agent's work waited for the trainer, in all
+        self._held_since = self._started = 0.0
+
+    def start(self, followers: list | None = None) -> TrainerLoad:
+        """Watch the trainer for ``followers`` (while one runs), or for a standby's start-up (until :meth:`stop`)."""
+        if self.trainer_pid is not None and self.free_cpus > 0 and hasattr(os, "sched_getaffinity"):
+            self.followers, self._started = followers, time.monotonic()
+            threading.Thread(target=self._run, name="rllog-trainer-load", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._go.set()
+
+    def wait(self, stop: threading.Event) -> None:
+        """Return once the agent may work (at once unless the trainer is busy), or once ``stop`` is set."""
+        while not self._go.wait(LOAD_SAMPLE_SECONDS):
+            if stop.is_set():
+                return
+
+    def _running(self) -> list:
+        return [f for f in self.followers or [] if f.thread is not None and f.thread.is_alive()]
+
+    def _behind(self) -> bool:
+        if self.followers is None:
+            return time.monotonic() - self._started > self.lag_max
+        running = self._running()
+        return bool(running) and time.monotonic() - min(f.caught_up_at for f in running) > self.lag_max
+
+    def _run(self) -> None:
+        pid = self.trainer_pid
+        assert pid is not None
+        samples: list[tuple[float, float]] = []
+        while True:
+            used = cpu_demand_seconds(pid)
+            try:
+                cpus = len(os.sched_getaffinity(pid))
+            except OSError:
+                cpus = 0
+            if used is None or not cpus:  # the trainer is gone: deliver what it left
+                self._go.set()
+                return
+            now = time.monotonic()
+            samples = [(t, u) for t, u in samples if now - t <= LOAD_WINDOW_SECONDS] + [(now, used)]
+            span = now - samples[0][0]
+            busy = span >= LOAD_WINDOW_SECONDS / 2 and cpus - (used - samples[0][1]) / span < self.free_cpus
+            if busy and not self._behind():
+                if self._go.is_set():
+                    self._go.clear()
+                    self._held_since = now
+            elif not self._go.is_set():
+                self.held_seconds += now - self._held_since
+                self._go.set()
+            if self._done.wait(LOAD_SAMPLE_SECONDS) or (self.followers is not None and not self._running()):
+                self._go.set()
+                return
+
+
+class ImportGate:
+    """Holds a standby's imports while the trainer is busy (:class:`TrainerLoad`): each module waits before it is
+    found, so a tracker's import of hundreds of modules pauses between them rather than running beside training."""
+
+    def __init__(self, load: TrainerLoad):
+        self.load, self._never = load, threading.Event()
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        self.load.wait(self._never)
+        return None  # the usual finders find it
+
+    def __enter__(self) -> ImportGate:
+        sys.meta_path.insert(0, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.meta_path.remove(self)
+        self.load.stop()
 
 
 class PriorityGovernor:

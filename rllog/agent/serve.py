@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from rllog import settings
-from rllog.agent.placement import PriorityGovernor, StartupHeap, agent_cpus, place
+from rllog.agent.placement import PriorityGovernor, StartupHeap, TrainerLoad, agent_cpus, place
 from rllog.settings import LOCK_WAIT_SECONDS, ORPHAN_TIMEOUT_SECONDS
 
 log = logging.getLogger("rllog.agent")
@@ -57,6 +57,8 @@ def serve(
 
     if follow:
         place(agent_cpus(parent_pid))  # before the trackers start their threads and processes, which inherit it
+    idle = settings.AGENT_PRIORITY.get() == "idle"
+    load = TrainerLoad(parent_pid if follow and idle else None, settings.AGENT_FREE_CPUS.get(), settings.AGENT_LAG_MAX.get())
     followers = []
     for spec in specs:
         sink_options = (options or {}).get(spec.name, spec.options)
@@ -75,6 +77,7 @@ def serve(
             poll_interval=live_poll_interval(run_file.flush_interval) if follow else POLL_INTERVAL,
             retry=RetryPolicy(**run_file.retry),
             on_progress=partial(on_progress, spec.name) if on_progress else None,
+            hold=load.wait,
         )
         try:
             followers.append(follower.start(wait=LOCK_WAIT_SECONDS if follow else 0.0))
@@ -86,6 +89,7 @@ def serve(
     if follow:
         FlushWatcher(run_dir, followers, writer_gone=parent_gone, wakeups=wakeups).start()
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
+        load.start(followers)
         _stop_followers_on_sigterm(followers)
     orphaned_at = None
     ended: set[str] = set()
@@ -104,6 +108,8 @@ def serve(
             if time.monotonic() - orphaned_at > orphan_timeout:
                 log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
                 return len([f for f in followers if f.state != SinkState.CLOSED])
+    if load.held_seconds:
+        log.info("rllog: delivery waited %.1fs in all for the trainer to leave a CPU free", load.held_seconds)
     for f in followers:
         if follow and f.needs_restart:
             raise RestartAgent(f"{f.name}: {f.error}")

@@ -85,6 +85,7 @@ class Follower(SinkCalls):
         sleep: Callable[[float], None] | None = None,
         on_progress: Callable[[int], None] | None = None,
         say: Callable[[str], None] = say_on_stderr,
+        hold: Callable[[threading.Event], None] | None = None,
     ):
         self.name = name
         self._sink_or_factory = sink
@@ -94,6 +95,7 @@ class Follower(SinkCalls):
         self.say = say
         self.follow = follow
         self.writer_gone = writer_gone
+        self.hold = hold  # returns when the follower may work (the agent waits for a busy trainer), or on stop
         self.attempt_starts = attempt_starts
         self.batch_size = batch_size
         self.batch_bytes = batch_bytes
@@ -184,9 +186,13 @@ class Follower(SinkCalls):
         try:
             # A live run opens its tracker at once (the tracker's run appears when training starts);
             # a replay opens it only if there is something to deliver.
+            if self.hold is not None:
+                self.hold(self._stop)
             if self.follow and not self._ensure_open():
                 return
             while not self._stop.is_set():
+                if self.hold is not None:
+                    self.hold(self._stop)
                 gone = self.writer_gone()
                 batch = self._read(reader, final=gone or not self.follow)
                 if batch is None:  # the journal could not be read (the state says why)
