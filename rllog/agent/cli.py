@@ -14,7 +14,6 @@ import weakref
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rllog import settings
 from rllog.agent.launch import EXIT_RESTART, EXIT_SINKS_FAILED, OPTIONS_FROM_STDIN, STANDBY_ARG
 from rllog.agent.placement import ImportGate, StartupHeap, TrainerLoad, agent_cpus, lower_priority, place
 from rllog.agent.serve import RestartAgent, serve
@@ -83,8 +82,7 @@ def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
 
     lower_priority(idle=True)  # only cycles the trainer leaves
     place(agent_cpus(os.getppid()))
-    idle = settings.AGENT_PRIORITY.get() == "idle"
-    load = TrainerLoad(os.getppid() if idle else None, settings.AGENT_FREE_CPUS.get(), settings.AGENT_LAG_MAX.get())
+    load = TrainerLoad.from_settings(os.getppid())
     threading.Thread(target=_stop_waiting_if_dropped, args=(load,), name="rllog-standby-stdin", daemon=True).start()
     with ImportGate(load.start()):  # SCHED_IDLE alone still took a core from a CPU-bound trainer (TrainerLoad)
         for name in filter(None, args.sinks.split(",")):

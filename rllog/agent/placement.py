@@ -192,6 +192,12 @@ class TrainerLoad:
         self.held_seconds = 0.0  # how long the agent's work waited for the trainer, in all
         self._held_since = self._started = 0.0
 
+    @classmethod
+    def from_settings(cls, trainer_pid: int | None) -> TrainerLoad:
+        """The agent's watch on ``trainer_pid`` as the environment sets it (none unless ``RLLOG_AGENT_PRIORITY=idle``)."""
+        idle = settings.AGENT_PRIORITY.get() == "idle"
+        return cls(trainer_pid if idle else None, settings.AGENT_FREE_CPUS.get(), settings.AGENT_LAG_MAX.get())
+
     def start(self, followers: list | None = None) -> TrainerLoad:
         """Watch the trainer for ``followers`` (while one runs), or for a standby's start-up (until :meth:`stop`)."""
         if self.trainer_pid is not None and self.free_cpus > 0 and hasattr(os, "sched_getaffinity"):

@@ -57,8 +57,7 @@ def serve(
 
     if follow:
         place(agent_cpus(parent_pid))  # before the trackers start their threads and processes, which inherit it
-    idle = settings.AGENT_PRIORITY.get() == "idle"
-    load = TrainerLoad(parent_pid if follow and idle else None, settings.AGENT_FREE_CPUS.get(), settings.AGENT_LAG_MAX.get())
+    load = TrainerLoad.from_settings(parent_pid if follow else None)
     followers = []
     for spec in specs:
         sink_options = (options or {}).get(spec.name, spec.options)
