@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllog.delivery.cursor import SinkState
+from rllog.delivery.cursor import CursorStore, SinkState
 from rllog.offline import OFFLINE_ENV, ONLINE_VARS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,16 +293,8 @@ def progress(message: str) -> None:
 # --- rllog helpers (used inside workers) -----------------------------------------------------------
 
 
-def cursor(run_dir: Path, sink: str) -> dict:
-    """A sink's cursor file (``{}`` until its first write)."""
-    try:
-        return json.loads((Path(run_dir) / "delivery" / f"{sink}.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-
-
 def delivered(run_dir: Path, sink: str) -> int:
-    return int(cursor(run_dir, sink).get("seq", 0))
+    return CursorStore(run_dir, sink).load().seq
 
 
 SETTLE_S = 2.0
@@ -317,7 +309,7 @@ def wait_delivered(run_dir: Path, sinks: list[str], seq: int, timeout: float = 1
             waited = time.monotonic() - started
             time.sleep(settle)
             return waited
-        failed = {s: c.get("error") for s in sinks if (c := cursor(run_dir, s)).get("state") in SinkState.BROKEN}
+        failed = {s: c.error for s in sinks if (c := CursorStore(run_dir, s).load()).state in SinkState.BROKEN}
         if failed:  # a permanent failure (a tracker missing a module, say) never delivers: say so now
             raise RuntimeError(f"sinks failed before seq {seq}: {failed}")
         time.sleep(0.02)

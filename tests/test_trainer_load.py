@@ -8,7 +8,6 @@ what the agent does about it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 
 import rllog
 from rllog.agent.placement import TrainerLoad, cpu_demand_seconds
+from rllog.delivery.cursor import CursorStore
 from rllog_backends.parquet import read_metrics
 
 CPUS = len(os.sched_getaffinity(0))
@@ -103,13 +103,10 @@ def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everyth
     monkeypatch.setenv("RLLOG_AGENT_FREE_CPUS", "1")
     monkeypatch.setenv("RLLOG_AGENT_LAG_MAX", "8")
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "run", health=False)
-    cursor = tmp_path / "run" / "delivery" / "parquet.json"
+    cursor = CursorStore(tmp_path / "run", "parquet")
 
     def delivered() -> int:
-        try:
-            return int(json.loads(cursor.read_text()).get("seq", 0))
-        except (FileNotFoundError, ValueError):
-            return 0
+        return cursor.load().seq
 
     run.log({"before": 1.0}, step=0)
     deadline = time.monotonic() + 60

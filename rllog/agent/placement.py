@@ -165,6 +165,12 @@ def cpu_demand_seconds(pid: int) -> float | None:
     return total / 1e9
 
 
+def delivery_lag(followers: list) -> float | None:
+    """Seconds since the furthest-behind running follower last found nothing new to read; None when none runs."""
+    running = [f for f in followers if f.thread is not None and f.thread.is_alive()]
+    return time.monotonic() - min(f.caught_up_at for f in running) if running else None
+
+
 class TrainerLoad:
     """Holds the agent's work back while the trainer leaves fewer than ``$RLLOG_AGENT_FREE_CPUS`` CPUs free.
 
@@ -215,14 +221,11 @@ class TrainerLoad:
             if stop.is_set():
                 return
 
-    def _running(self) -> list:
-        return [f for f in self.followers or [] if f.thread is not None and f.thread.is_alive()]
-
     def _behind(self) -> bool:
         if self.followers is None:
             return time.monotonic() - self._started > self.lag_max
-        running = self._running()
-        return bool(running) and time.monotonic() - min(f.caught_up_at for f in running) > self.lag_max
+        lag = delivery_lag(self.followers)
+        return lag is not None and lag > self.lag_max
 
     def _run(self) -> None:
         pid = self.trainer_pid
@@ -248,7 +251,7 @@ class TrainerLoad:
             elif not self._go.is_set():
                 self.held_seconds += now - self._held_since
                 self._go.set()
-            if self._done.wait(LOAD_SAMPLE_SECONDS) or (self.followers is not None and not self._running()):
+            if self._done.wait(LOAD_SAMPLE_SECONDS) or (self.followers is not None and delivery_lag(self.followers) is None):
                 self._go.set()
                 return
 
@@ -325,10 +328,9 @@ class PriorityGovernor:
         while True:
             self._place()
             time.sleep(1.0)
-            running = [f for f in self.followers if f.thread is not None and f.thread.is_alive()]
-            if not running:
+            lag = delivery_lag(self.followers)
+            if lag is None:  # every follower has ended
                 return
-            lag = time.monotonic() - min(f.caught_up_at for f in running)
             if self.idle and lag > self.lag_max:
                 log.info("rllog: delivery is %.0fs behind; back to normal priority until caught up", lag)
                 self._set(False)
