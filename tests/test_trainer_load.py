@@ -13,9 +13,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from pathlib import Path
+
+import pytest
 
 import rllog
-from rllog.agent.placement import TrainerLoad, cpu_demand_seconds
+from rllog.agent.placement import TrainerLoad, cgroup_cpu_quota, cpu_demand_seconds, quota_cpus, trainer_cpus
 from rllog.delivery.cursor import CursorStore
 from rllog_backends.parquet import read_metrics
 
@@ -26,16 +30,18 @@ data = b"x" * 50_000_000
 def spin():
     while True:
         hashlib.sha256(data).digest()
-for _ in range(len(os.sched_getaffinity(0))):
+import sys
+for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else len(os.sched_getaffinity(0))):
     threading.Thread(target=spin, daemon=True).start()
 print("busy", flush=True)
 time.sleep(600)
 """
 
 
-def busy_process() -> subprocess.Popen:
-    """A process whose threads keep every CPU it may use busy (a CPU-bound training on every core)."""
-    proc = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+def busy_process(threads: int | None = None) -> subprocess.Popen:
+    """A process whose threads keep every CPU it may use busy (a CPU-bound training on every core), or ``threads``."""
+    extra = [] if threads is None else [str(threads)]
+    proc = subprocess.Popen([sys.executable, "-c", BUSY, *extra], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "busy"
     return proc
 
@@ -149,3 +155,58 @@ def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everyth
         *[(s, "busy", float(s)) for s in range(1, 6)],
         (6, "after", 1.0),
     ]
+
+
+CPU_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+@pytest.fixture
+def one_cpu_cgroup():
+    """A real cgroup (v1, the ``cpu`` controller this machine mounts) limited to one CPU's worth of time, as a
+    container's ``--cpus=1`` or a Kubernetes limit of 1 sets it."""
+    if CPUS < 2 or not os.access(CPU_CGROUP_V1 / "cgroup.procs", os.W_OK):
+        pytest.skip("needs two CPUs and a writable cgroup v1 cpu controller (root on this machine)")
+    group = CPU_CGROUP_V1 / f"rllog-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    (group / "cpu.cfs_period_us").write_text("100000")
+    (group / "cpu.cfs_quota_us").write_text("100000")
+    yield group
+    for pid in filter(None, (group / "cgroup.procs").read_text().split()):
+        (CPU_CGROUP_V1 / "cgroup.procs").write_text(pid)
+    group.rmdir()
+
+
+def test_a_trainer_in_a_one_cpu_cgroup_makes_the_agent_wait_though_its_affinity_shows_more(one_cpu_cgroup):
+    """One busy thread on a two-CPU machine leaves a CPU free; inside a one-CPU quota it leaves none (the agent,
+    started by the trainer, would share the quota): the CPUs are the quota's, not the affinity's."""
+    proc = busy_process(threads=1)
+    try:
+        assert trainer_cpus(proc.pid) == CPUS and cgroup_cpu_quota(proc.pid) is None
+        load = TrainerLoad(proc.pid, free_cpus=1.0, lag_max=60.0).start()
+        time.sleep(1.5)
+        assert not held_after(load, 1.0)  # a CPU free
+        load.stop()
+        (one_cpu_cgroup / "cgroup.procs").write_text(str(proc.pid))
+        assert cgroup_cpu_quota(proc.pid) == 1.0 and trainer_cpus(proc.pid) == 1.0
+        load = TrainerLoad(proc.pid, free_cpus=1.0, lag_max=60.0).start()
+        time.sleep(1.5)
+        assert held_after(load, 1.0)  # the quota is used up
+        load.stop()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_tightest_cgroup_v2_quota_from_the_group_up_binds(tmp_path):
+    """cgroup v2's ``cpu.max`` (this machine's v2 hierarchy has no cpu controller to set one for real): a parent's
+    quota binds its children, ``max`` is none."""
+    group = tmp_path / "kubepods" / "pod" / "trainer"
+    group.mkdir(parents=True)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "kubepods" / "cpu.max").write_text("400000 100000\n")
+    (tmp_path / "kubepods" / "pod" / "cpu.max").write_text("150000 100000\n")
+    (group / "cpu.max").write_text("max 100000\n")
+    assert quota_cpus(group, tmp_path, "cgroup2") == 1.5
+    assert quota_cpus(group, group, "cgroup2") is None
+    (group / "cpu.max").write_text("50000 100000\n")
+    assert quota_cpus(group, tmp_path, "cgroup2") == 0.5

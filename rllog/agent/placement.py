@@ -4,6 +4,7 @@ trackers import and open (:class:`StartupHeap`)."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -165,6 +166,82 @@ def cpu_demand_seconds(pid: int) -> float | None:
     return total / 1e9
 
 
+@functools.cache
+def _cgroup_mounts() -> list[tuple[str, Path, str, set[str]]]:
+    """The cgroup file systems mounted here: (hierarchy root they show, mount point, type, super options); read once,
+    as :class:`TrainerLoad` asks four times a second."""
+    mounts: list[tuple[str, Path, str, set[str]]] = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+            root, point = (f.replace("\\040", " ") for f in fields[3:5])
+            mounts.append((root, Path(point), tail[0], set(tail[2].split(","))))
+    return mounts
+
+
+def quota_cpus(directory: Path, top: Path, version: str) -> float | None:
+    """The tightest CPU quota from cgroup ``directory`` up to ``top`` (a parent's limit binds its children), in CPUs;
+    None if none is set. cgroup v2: ``cpu.max`` (``"max 100000"`` or ``"QUOTA PERIOD"``); v1: ``cpu.cfs_quota_us``
+    (-1: none) over ``cpu.cfs_period_us``."""
+    tightest = None
+    while True:
+        try:
+            if version == "cgroup2":
+                quota, period = (directory / "cpu.max").read_text().split()[:2]
+            else:
+                quota = (directory / "cpu.cfs_quota_us").read_text().strip()
+                period = (directory / "cpu.cfs_period_us").read_text().strip()
+            cpus = None if quota in ("max", "-1") else int(quota) / int(period)
+        except (OSError, ValueError):
+            cpus = None
+        if cpus is not None and cpus > 0:
+            tightest = cpus if tightest is None else min(tightest, cpus)
+        if directory == top or top not in directory.parents:
+            return tightest
+        directory = directory.parent
+
+
+def cgroup_cpu_quota(pid: int) -> float | None:
+    """How many CPUs' worth of time the cgroup of process ``pid`` may use (a container's ``--cpus``, a Kubernetes CPU
+    limit), or None if it has no quota or none can be read. Affinity alone says 64 CPUs for a trainer limited to 2 of
+    a 64-core host; the agent, started by the trainer, shares that quota."""
+    try:
+        memberships = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in memberships:
+        hierarchy, controllers, path = line.split(":", 2)
+        v2 = hierarchy == "0" and controllers == ""
+        for root, point, kind, options in _cgroup_mounts():
+            if (kind == "cgroup2") != v2 or (not v2 and "cpu" not in options & set(controllers.split(","))):
+                continue
+            inside = path[len(root) :] if root != "/" and path.startswith(root) else path
+            directory = point / inside.lstrip("/")
+            if not directory.is_dir():  # a container that shows the host's path for a hierarchy mounted at its own root
+                directory = point
+            cpus = quota_cpus(directory, point, kind)
+            if cpus is not None:
+                found.append(cpus)
+    return min(found) if found else None
+
+
+def trainer_cpus(pid: int) -> float | None:
+    """The CPUs process ``pid`` may use: those of its affinity, fewer if its cgroup's quota allows less; None if the
+    process is gone."""
+    try:
+        cpus: float = len(os.sched_getaffinity(pid))
+    except OSError:
+        return None
+    quota = cgroup_cpu_quota(pid)
+    return cpus if quota is None else min(cpus, quota)
+
+
 def delivery_lag(followers: list) -> float | None:
     """Seconds since the furthest-behind running follower last found nothing new to read; None when none runs."""
     running = [f for f in followers if f.thread is not None and f.thread.is_alive()]
@@ -178,7 +255,7 @@ class TrainerLoad:
     GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
     the other, and training ran 2x slower; stopped, the agent cost nothing). So while the trainer's demand for CPU
     (its threads' time running or waiting to run, averaged over :data:`LOAD_WINDOW_SECONDS`) leaves less than that
-    many CPUs of those it may run on, the followers wait before their next read, a sink waits to open, and a
+    many CPUs of those it may run on (:func:`trainer_cpus`: its affinity, or its cgroup's quota if tighter), the followers wait before their next read, a sink waits to open, and a
     standby's imports wait (:class:`ImportGate`). The journal keeps every record
     meanwhile. The wait ends when the trainer leaves room (a GPU run, a pause, ``finish``), when the trainer is
     gone, or once delivery is ``$RLLOG_AGENT_LAG_MAX`` s behind (then :class:`PriorityGovernor` also raises the
@@ -233,10 +310,7 @@ class TrainerLoad:
         samples: list[tuple[float, float]] = []
         while True:
             used = cpu_demand_seconds(pid)
-            try:
-                cpus = len(os.sched_getaffinity(pid))
-            except OSError:
-                cpus = 0
+            cpus = trainer_cpus(pid)
             if used is None or not cpus:  # the trainer is gone: deliver what it left
                 self._go.set()
                 return
