@@ -158,6 +158,14 @@ def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everyth
 
 
 CPU_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+LIGHT = """
+import time
+while True:
+    end = time.monotonic() + 0.02
+    while time.monotonic() < end:
+        pass
+    time.sleep(0.08)
+"""
 
 
 @pytest.fixture
@@ -195,6 +203,18 @@ def test_a_trainer_in_a_one_cpu_cgroup_makes_the_agent_wait_though_its_affinity_
     finally:
         proc.kill()
         proc.wait()
+    # A GPU-like trainer in the same one-CPU quota, busy a fifth of the time (waiting for its device the rest): no
+    # whole CPU is ever free in a quota of one, but half of it is, and the agent does not wait.
+    light = subprocess.Popen([sys.executable, "-c", LIGHT])
+    try:
+        (one_cpu_cgroup / "cgroup.procs").write_text(str(light.pid))
+        load = TrainerLoad(light.pid, free_cpus=1.0, lag_max=60.0).start()
+        time.sleep(1.5)
+        assert not held_after(load, 1.0)
+        load.stop()
+    finally:
+        light.kill()
+        light.wait()
 
 
 def test_the_tightest_cgroup_v2_quota_from_the_group_up_binds(tmp_path):

@@ -249,7 +249,8 @@ def delivery_lag(followers: list) -> float | None:
 
 
 class TrainerLoad:
-    """Holds the agent's work back while the trainer leaves fewer than ``$RLLOG_AGENT_FREE_CPUS`` CPUs free.
+    """Holds the agent's work back while the trainer leaves fewer than ``$RLLOG_AGENT_FREE_CPUS`` CPUs free (at most
+    half of its CPUs).
 
     ``SCHED_IDLE`` alone does not keep the agent out of a CPU-bound training's way (measured on Linux 6.18, tiny
     GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
@@ -317,7 +318,10 @@ class TrainerLoad:
             now = time.monotonic()
             samples = [(t, u) for t, u in samples if now - t <= LOAD_WINDOW_SECONDS] + [(now, used)]
             span = now - samples[0][0]
-            busy = span >= LOAD_WINDOW_SECONDS / 2 and cpus - (used - samples[0][1]) / span < self.free_cpus
+            # At most half of them: a trainer with one CPU (or a quota of one) never leaves a whole one free, and a
+            # GPU training there, mostly waiting for the device, must not make the agent wait.
+            free_needed = min(self.free_cpus, cpus / 2)
+            busy = span >= LOAD_WINDOW_SECONDS / 2 and cpus - (used - samples[0][1]) / span < free_needed
             if busy and not self._behind():
                 if self._go.is_set():
                     self._go.clear()
