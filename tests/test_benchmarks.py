@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import end_to_end  # noqa: E402
 import gpu  # noqa: E402
 import gpu_bundle  # noqa: E402
 import harness  # noqa: E402
@@ -73,3 +74,33 @@ def test_waiting_for_delivery_stops_at_a_sink_that_failed_for_good(tmp_path):
     with pytest.raises(RuntimeError, match=r"comet_ml.*no configobj"):
         harness.wait_delivered(tmp_path, ["parquet", "comet_ml"], 3, timeout=60)
     assert harness.wait_delivered(tmp_path, ["parquet"], 3, timeout=60) < 5
+
+
+def test_the_whole_script_target_is_the_none_script_plus_the_trackers_floor_round_by_round():
+    """Issue 34's whole-script target for (ii): five trackers' script / ((a)'s script + their own CPU seconds), each
+    round against the (a) of the same round; (i) runs and failed runs stay out."""
+
+    def run(key, round_, wall, threads="default", **extra):
+        return {"key": key, "round": round_, "steps": 60, "threads": threads, "process_wall_s": wall, "train_s": 1.0, **extra}
+
+    fresh = {
+        "runs": [
+            run("a", 0, 20.0),
+            run("c0p", 0, 31.5),
+            run("a", 1, 30.0),
+            run("c0p", 1, 40.0),
+            run("c0p", 2, 99.0),  # no (a) in round 2
+            run("a", 0, 1.0, threads="one"),
+            run("c0p", 0, 1.0, threads="one"),
+            run("a", 3, 20.0),
+            run("c0p", 3, 25.0, error="exit 1"),
+        ],
+        "floor": {"60": {"wandb": 6.0, "mlflow": 4.0}},
+    }
+    assert end_to_end.floor_ratios(fresh) == {60: [31.5 / 30.0, 40.0 / 40.0]}
+    target = [t for t in end_to_end.fresh_targets(fresh) if "whole script" in t["what"]]
+    assert len(target) == 1 and "10.0 CPU s" in target[0]["what"]
+    assert target[0]["target"] == "<= 1.05x" and target[0]["met"] is True  # median of 1.05 and 1.00
+    fresh["runs"][3]["process_wall_s"] = 45.0
+    assert end_to_end.fresh_targets(fresh)[-1]["met"] is False  # median of 1.05 and 1.125
+    assert end_to_end.floor_ratios({"runs": fresh["runs"]}) == {}  # not measured: no target
