@@ -238,6 +238,11 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
         "agent_ready_s": agent_ready_s,
     }
     result.update(marks["cpu"].window())
+    # The work done, to check that configurations trained alike (same seed, same completions): tokens seen, and the
+    # completions' lengths step by step.
+    history = trainer.state.log_history
+    result["num_tokens"] = max((h.get("num_tokens", 0) for h in history), default=0)
+    result["completion_lengths"] = [h["completions/mean_length"] for h in history if "completions/mean_length" in h]
     diffs = [b - a for a, b in itertools.pairwise(step_begins)]
     result["step_median_ms"] = median(diffs) * 1e3 if diffs else None
     t = time.perf_counter()

@@ -157,6 +157,38 @@ def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everyth
     ]
 
 
+def test_an_agent_that_arrives_while_the_trainer_is_busy_opens_nothing_before_it_has_looked(tmp_path, monkeypatch):
+    """A run's agent arrives as ``train()`` starts, every core busy: its sinks wait to open from the first moment, not
+    from its first reading of the trainer half a second later (opening five trackers then cost the first steps ~1 s)."""
+    monkeypatch.setenv("RLLOG_AGENT_FREE_CPUS", "1")
+    monkeypatch.setenv("RLLOG_AGENT_LAG_MAX", "8")
+    stop = threading.Event()
+    data = b"x" * 50_000_000
+
+    def spin() -> None:
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(CPUS)]
+    for t in spinners:
+        t.start()
+    try:
+        time.sleep(1.0)
+        run = rllog.init(report_to="parquet", run_dir=tmp_path / "run", health=False)
+        run.log({"first": 1.0}, step=0)
+        run.request_flush()
+        time.sleep(3.0)
+        assert CursorStore(tmp_path / "run", "parquet").load().seq == 0  # not one record, though parquet opens in ms
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
+    report = run.finish(timeout=60)
+    assert report.ok
+    rows = read_metrics(tmp_path / "run").to_pydict()
+    assert list(zip(rows["step"], rows["key"], rows["value"], strict=True)) == [(0, "first", 1.0)]
+
+
 CPU_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 LIGHT = """
 import time

@@ -57,8 +57,9 @@ def serve(
 
     if follow:
         place(agent_cpus(parent_pid))  # before the trackers start their threads and processes, which inherit it
-    load = TrainerLoad.from_settings(parent_pid if follow else None)
-    followers = []
+    followers: list = []
+    # Watching before the first follower starts: each waits to open its sink until the trainer is seen to leave room.
+    load = TrainerLoad.from_settings(parent_pid if follow else None).start(followers if follow else None)
     for spec in specs:
         sink_options = (options or {}).get(spec.name, spec.options)
 
@@ -88,7 +89,6 @@ def serve(
     if follow:
         FlushWatcher(run_dir, followers, writer_gone=parent_gone, wakeups=wakeups).start()
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
-        load.start(followers)
         _stop_followers_on_sigterm(followers)
     orphaned_at = None
     ended: set[str] = set()
