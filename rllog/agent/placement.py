@@ -256,11 +256,12 @@ class TrainerLoad:
     GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
     the other, and training ran 2x slower; stopped, the agent cost nothing). So while the trainer's demand for CPU
     (its threads' time running or waiting to run, averaged over :data:`LOAD_WINDOW_SECONDS`) leaves less than that
-    many CPUs of those it may run on (:func:`trainer_cpus`: its affinity, or its cgroup's quota if tighter), the followers wait before their next read, a sink waits to open, and a
-    standby's imports wait (:class:`ImportGate`). The journal keeps every record
-    meanwhile. The wait ends when the trainer leaves room (a GPU run, a pause, ``finish``), when the trainer is
-    gone, or once delivery is ``$RLLOG_AGENT_LAG_MAX`` s behind (then :class:`PriorityGovernor` also raises the
-    agent to catch up): on a busy machine, delivery comes in bursts at most that far apart.
+    many CPUs of those it may run on (:func:`trainer_cpus`: its affinity, or its cgroup's quota if tighter), the
+    followers wait before their next read, a sink waits to open, and a standby's imports wait (:class:`ImportGate`).
+    The journal keeps every record meanwhile. The wait ends when the trainer leaves room (a GPU run, a pause,
+    ``finish``), when the trainer is gone, or once delivery is ``$RLLOG_AGENT_LAG_MAX`` s behind (then
+    :class:`PriorityGovernor` also raises the agent to catch up): on a busy machine, delivery comes in bursts at most
+    that far apart.
 
     Example:
         >>> load = TrainerLoad(trainer_pid=None, free_cpus=1.0, lag_max=30.0)
@@ -285,8 +286,8 @@ class TrainerLoad:
     def start(self, followers: list | None = None) -> TrainerLoad:
         """Watch the trainer for ``followers`` (while one runs; the list may still be filling), or for a standby's
         start-up (until :meth:`stop`). The work waits from now until the first reading says the trainer leaves room:
-        a run's agent arrives as ``train()`` starts, and opening five trackers in the half second it took to make
-        the first reading took ~1 s from the first steps (measured: 60-step tiny GRPO, the first two steps 1.5-2.4 s against
+        a run's agent arrives as ``train()`` starts, and opening five trackers in the half second the first reading
+        used to take cost the first steps ~1 s (measured: 60-step tiny GRPO, its first two steps 1.5-2.4 s against
         0.7-0.9 s without rllog)."""
         if self.trainer_pid is not None and self.free_cpus > 0 and hasattr(os, "sched_getaffinity"):
             self.followers, self._started = followers, time.monotonic()
