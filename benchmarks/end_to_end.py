@@ -226,9 +226,11 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
 
     marks["cpu"] = CpuClock(agent_pid)
     gc.collect()
+    collections_before = [g["collections"] for g in gc.get_stats()]
     t0 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t0
+    gc_collections = [g["collections"] - b for g, b in zip(gc.get_stats(), collections_before, strict=True)]
     result = {
         "train_s": train_s,
         "steady_s": marks["train_end"] - step_begins[2],
@@ -236,6 +238,7 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
         "setup_s": step_begins[0] - marks["train_begin"],
         "tail_s": t0 + train_s - marks["step_end"],
         "agent_ready_s": agent_ready_s,
+        "gc_collections": gc_collections,  # per generation, during train(): the trainer's garbage collector's work
     }
     result.update(marks["cpu"].window())
     # The work done, to check that configurations trained alike (same seed, same completions): tokens seen, and the

@@ -3,15 +3,19 @@ against a real MLflow server, SIGKILL at random points. Figures: docs/reliabilit
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
 from sinks import wait_until
 
@@ -21,6 +25,27 @@ from rllog import journal, settings
 from rllog.cli import main as cli_main
 from rllog.delivery import RetryPolicy
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
+
+
+@contextlib.contextmanager
+def busy_cpus(busy: bool = True):
+    """Threads of this process that keep every CPU busy (hashlib releases the GIL), for the block's length."""
+    stop = threading.Event()
+    data = b"x" * 20_000_000
+
+    def spin() -> None:
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)) if busy else 0)]
+    for t in spinners:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
 
 
 def jsonl(run_dir, name):
@@ -35,7 +60,10 @@ def test_hung_and_crashing_trackers_then_replay_to_healthy_instances(tmp_path, t
     for i in range(100):
         run.log({"i": float(i)}, step=i)
     run.log_table("completions", {"prompt": ["p"] * 3})
-    report = run.finish(timeout=6)  # the deadline stops the hung tracker; the healthy ones are done well before it
+    # The healthy tracker gets everything while the others hang and crash (a cold agent on a machine the rest of the
+    # suite keeps busy may take seconds to start, so this waits for it rather than the deadline below).
+    assert wait_until(lambda: rllog.run.report(run_dir, ["parquet"])["parquet"].delivered == 101, 60)
+    report = run.finish(timeout=6)  # the deadline stops the hung tracker
     assert report["parquet"].state == "delivered" and report["parquet"].delivered == 101
     assert report["hangs"].state == "pending" and report["hangs"].pending == 101 and "replay" in report["hangs"].error
     assert (
@@ -276,9 +304,12 @@ def test_429_storm_against_a_real_mlflow_server_loses_and_duplicates_nothing(tmp
     assert run.info.status == "FINISHED"
 
 
-def test_a_tracker_down_at_the_deadline_keeps_what_it_took_and_replay_sends_the_rest_once(tmp_path, test_backends):
+@pytest.mark.parametrize("cpus", ["idle", "busy"])
+def test_a_tracker_down_at_the_deadline_keeps_what_it_took_and_replay_sends_the_rest_once(tmp_path, test_backends, cpus):
     """finish's deadline stops the agent with SIGTERM: its followers keep what their sinks took before it exits (the
-    explorer's seed 20028; killed outright, the replay sent those 80 records again)."""
+    explorer's seed 20028; killed outright, the replay sent those 80 records again). ``busy``: the trainer's threads
+    keep every CPU busy meanwhile, and the agent, at idle priority, is raised to normal priority to be stopped, so it
+    gets a CPU within the grace."""
     from rllog_test_backends import read_jsonl
 
     run_dir = tmp_path / "r"
@@ -289,7 +320,8 @@ def test_a_tracker_down_at_the_deadline_keeps_what_it_took_and_replay_sends_the_
     (run_dir / "jsonl.control").write_text(json.dumps({"mode": "down"}))
     for i in range(20, 60):
         run.log({"i": float(i)})
-    report = run.finish(timeout=3)["jsonl"]
+    with busy_cpus(cpus == "busy"):
+        report = run.finish(timeout=3)["jsonl"]
     assert report.state == "pending" and (report.delivered, report.pending) == (20, 40)
     (run_dir / "jsonl.control").unlink()
     assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0

@@ -31,7 +31,7 @@ def _waiting_for_its_run(pid: int, timeout: float = 120.0) -> None:
     raise AssertionError("the standby never got to waiting for its run")
 
 
-def _exited(proc, timeout: float = 30.0) -> bool:
+def _exited(proc, timeout: float = 120.0) -> bool:  # a standby imports at idle priority: slow on a busy machine
     try:
         proc.wait(timeout=timeout)
         return True

@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 import rllog
-from rllog.agent.placement import TrainerLoad, cgroup_cpu_quota, cpu_demand_seconds, quota_cpus, trainer_cpus
+from rllog.agent.placement import (
+    DECIDING_THREADS,
+    TrainerLoad,
+    cgroup_cpu_quota,
+    cpu_demand_seconds,
+    quota_cpus,
+    raise_to_normal_priority,
+    trainer_cpus,
+)
 from rllog.delivery.cursor import CursorStore
 from rllog_backends.parquet import read_metrics
 
@@ -262,3 +270,49 @@ def test_the_tightest_cgroup_v2_quota_from_the_group_up_binds(tmp_path):
     assert quota_cpus(group, group, "cgroup2") is None
     (group / "cpu.max").write_text("50000 100000\n")
     assert quota_cpus(group, tmp_path, "cgroup2") == 0.5
+
+
+def test_a_stopping_agent_and_the_threads_that_decide_leave_idle_priority():
+    """An agent about to get SIGTERM is raised out of SCHED_IDLE (its handler must run within the grace on a busy
+    machine); TrainerLoad's own thread, started by an idle thread, runs at normal priority and the governor leaves it
+    there, so a busy machine cannot starve the decision to wait."""
+    idle = subprocess.Popen(
+        [sys.executable, "-c", "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); time.sleep(60)"]
+    )
+    try:
+        time.sleep(0.5)
+        tids = [int(t) for t in os.listdir(f"/proc/{idle.pid}/task")]
+        assert len(tids) == 2
+        for tid in tids:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_IDLE}
+        raise_to_normal_priority(idle.pid)
+        assert {os.sched_getscheduler(t) for t in tids} == {os.SCHED_OTHER}
+    finally:
+        idle.kill()
+        idle.wait()
+
+    proc = busy_process()
+    seen: dict = {}
+
+    def start_from_an_idle_thread() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        seen["load"] = TrainerLoad(proc.pid, free_cpus=1.0, lag_max=60.0).start()
+
+    try:
+        starter = threading.Thread(target=start_from_an_idle_thread)
+        starter.start()
+        starter.join()
+        deadline = time.monotonic() + 10
+        while not DECIDING_THREADS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [tid] = DECIDING_THREADS
+        assert os.sched_getscheduler(tid) == os.SCHED_OTHER
+        seen["load"].stop()
+        deadline = time.monotonic() + 10
+        while DECIDING_THREADS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not DECIDING_THREADS  # gone with its thread
+    finally:
+        proc.kill()
+        proc.wait()

@@ -138,6 +138,37 @@ class StartupHeap:
         log.info("rllog: %d objects of the trackers' start-up frozen out of garbage collection", made)
 
 
+# Native ids of the agent's threads that decide when the rest may run (PriorityGovernor, TrainerLoad): they stay at
+# normal priority (nice, never SCHED_IDLE), or a busy machine would starve the decisions themselves.
+DECIDING_THREADS: set[int] = set()
+
+
+def _decide_at_normal_priority() -> None:
+    """Called by a deciding thread itself: switch it out of ``SCHED_IDLE`` (the agent starts idle) and register it."""
+    DECIDING_THREADS.add(threading.get_native_id())
+    if hasattr(os, "SCHED_OTHER"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+
+
+def raise_to_normal_priority(pid: int) -> None:
+    """Every thread of process ``pid`` out of ``SCHED_IDLE``: an agent about to be stopped (``SIGTERM``) must get a CPU
+    to save its cursors within the grace, even on a machine that training keeps busy."""
+    if not hasattr(os, "SCHED_OTHER"):
+        return
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError):
+            pass
+
+
 LOAD_SAMPLE_SECONDS = 0.25  # how often the trainer's CPU use is read while the agent may have to wait for it
 LOAD_WINDOW_SECONDS = 1.0  # the trainer's CPU use is averaged over this long (its steps alternate busy and idle)
 
@@ -313,6 +344,13 @@ class TrainerLoad:
         return lag is not None and lag > self.lag_max
 
     def _run(self) -> None:
+        _decide_at_normal_priority()
+        try:
+            self._watch()
+        finally:
+            DECIDING_THREADS.discard(threading.get_native_id())  # a later thread may get its id
+
+    def _watch(self) -> None:
         pid = self.trainer_pid
         assert pid is not None
         samples: list[tuple[float, float]] = []
@@ -380,7 +418,6 @@ class PriorityGovernor:
         self.idle = False
         self.cpus: set[int] | None = None
         self._idle_mode = mode == "idle" and hasattr(os, "SCHED_IDLE")
-        self._own_tid = 0
 
     def start(self) -> PriorityGovernor:
         if self._idle_mode or agent_cpus(self.trainer_pid) is not None:
@@ -393,7 +430,7 @@ class PriorityGovernor:
             return
         policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
         for tid in _agent_tasks():  # the trackers' processes too (wandb-core ran at normal priority)
-            if tid != self._own_tid:
+            if tid not in DECIDING_THREADS:
                 try:
                     os.sched_setscheduler(tid, policy, os.sched_param(0))
                 except OSError:
@@ -406,12 +443,8 @@ class PriorityGovernor:
             self.cpus = cpus
 
     def _run(self) -> None:
-        self._own_tid = threading.get_native_id()
         if self._idle_mode:  # started by an idle thread (the agent starts idle): this one must always get to decide
-            try:
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            except OSError:
-                pass
+            _decide_at_normal_priority()
         self._set(True)
         while True:
             self._place()

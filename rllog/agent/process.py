@@ -23,7 +23,7 @@ from typing import Any
 
 from rllog import settings
 from rllog.agent.launch import EXIT_SINKS_FAILED, launch
-from rllog.agent.placement import FROZEN_STATES, process_state
+from rllog.agent.placement import FROZEN_STATES, process_state, raise_to_normal_priority
 from rllog.agent.standby import register_agent, take_standby
 from rllog.delivery import RETRY_NOTE, CursorStore, SinkState, notices, wake_watcher
 from rllog.rundir import AGENT_LOG
@@ -165,6 +165,7 @@ class AgentProcess:
                 "at the finish deadline and was killed; run `rllog replay`"
             )
         else:
+            raise_to_normal_priority(proc.pid)
             proc.terminate()
             try:
                 proc.wait(timeout=STOP_GRACE_SECONDS)
