@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import pytest
 import rllog
 from rllog.agent.placement import (
     DECIDING_THREADS,
+    STAYS_IDLE_WARNING,
     TrainerLoad,
     cgroup_cpu_quota,
     cpu_demand_seconds,
@@ -29,6 +31,7 @@ from rllog.agent.placement import (
     trainer_cpus,
 )
 from rllog.delivery.cursor import CursorStore
+from rllog.rundir import AGENT_LOG
 from rllog_backends.parquet import read_metrics
 
 CPUS = len(os.sched_getaffinity(0))
@@ -316,3 +319,27 @@ def test_a_stopping_agent_and_the_threads_that_decide_leave_idle_priority():
     finally:
         proc.kill()
         proc.wait()
+
+
+NO_RIGHT_TO_RAISE = """
+import sys, rllog
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], health=False)
+for step in range(5):
+    run.log({"loss": float(step)}, step=step)
+print(run.finish(timeout=60).ok, flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and util-linux's setpriv")
+def test_an_agent_that_may_not_leave_idle_priority_says_so_once_and_delivers_everything(tmp_path):
+    """Most non-root users may not take a thread out of SCHED_IDLE (RLIMIT_NICE 0): the agent's deciding threads and
+    the governor are refused. Here root without CAP_SYS_NICE (``setpriv``) stands for such a user: the agent says why
+    once, in its log, and still delivers every record."""
+    run_dir = tmp_path / "run"
+    command = ["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice", sys.executable, "-c", NO_RIGHT_TO_RAISE]
+    out = subprocess.run([*command, str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr
+    rows = read_metrics(run_dir).to_pydict()
+    assert sorted(zip(rows["step"], rows["value"], strict=True)) == [(s, float(s)) for s in range(5)]
+    agent_log = (run_dir / AGENT_LOG).read_text()
+    assert agent_log.count(STAYS_IDLE_WARNING) == 1, agent_log

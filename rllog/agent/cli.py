@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rllog.agent.launch import EXIT_RESTART, EXIT_SINKS_FAILED, OPTIONS_FROM_STDIN, STANDBY_ARG
-from rllog.agent.placement import ImportGate, StartupHeap, TrainerLoad, agent_cpus, lower_priority, place
+from rllog.agent.placement import ImportGate, StartupHeap, TrainerLoad, agent_cpus, leave_idle, lower_priority, place
 from rllog.agent.serve import RestartAgent, serve
 from rllog.rundir import AGENT_LOG
 from rllog.settings import ORPHAN_TIMEOUT_SECONDS, SYSTEM_METRICS_INTERVAL
@@ -116,11 +116,7 @@ def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
         os.dup2(out.fileno(), 2)
     if log_path is not None:
         log_path.unlink(missing_ok=True)
-    if hasattr(os, "SCHED_OTHER"):  # the PriorityGovernor decides from now on (its own thread must not be idle)
-        try:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            pass
+    leave_idle(0)  # the PriorityGovernor decides from now on (its own thread must not be idle)
     return assignment
 
 

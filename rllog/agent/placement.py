@@ -143,30 +143,50 @@ class StartupHeap:
 DECIDING_THREADS: set[int] = set()
 
 
+STAYS_IDLE_WARNING = (
+    "rllog: the delivery agent cannot leave idle CPU priority: this user may not raise a process's priority "
+    "(RLIMIT_NICE, `ulimit -e`, is 0; root or CAP_SYS_NICE may). It delivers on the cycles training leaves, so on a "
+    "machine training keeps busy its lag may pass RLLOG_AGENT_LAG_MAX; RLLOG_AGENT_PRIORITY=nice keeps it at nice "
+    "RLLOG_AGENT_NICE from the start instead."
+)
+_told_stays_idle = False
+
+
+def leave_idle(tid: int) -> bool:
+    """Switch thread ``tid`` (0: this one) from ``SCHED_IDLE`` to normal scheduling. Linux lets an unprivileged user
+    do that only within its ``RLIMIT_NICE`` (0 on most systems: never), so for most non-root users ``SCHED_IDLE`` is
+    one-way; the first refusal is said once, as a warning. False if refused."""
+    global _told_stays_idle
+    if not hasattr(os, "SCHED_OTHER"):
+        return False
+    try:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        return True
+    except PermissionError:
+        if not _told_stays_idle:
+            _told_stays_idle = True
+            log.warning(STAYS_IDLE_WARNING)
+        return False
+    except OSError:  # the thread ended meanwhile
+        return False
+
+
 def _decide_at_normal_priority() -> None:
     """Called by a deciding thread itself: switch it out of ``SCHED_IDLE`` (the agent starts idle) and register it."""
     DECIDING_THREADS.add(threading.get_native_id())
-    if hasattr(os, "SCHED_OTHER"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        except OSError:
-            pass
+    leave_idle(0)
 
 
 def raise_to_normal_priority(pid: int) -> None:
     """Every thread of process ``pid`` out of ``SCHED_IDLE``: an agent about to be stopped (``SIGTERM``) must get a CPU
     to save its cursors within the grace, even on a machine that training keeps busy."""
-    if not hasattr(os, "SCHED_OTHER"):
-        return
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return
     for tid in tids:
-        try:
-            os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
-        except (OSError, ValueError):
-            pass
+        if not leave_idle(int(tid)):
+            return  # refused for one, refused for all
 
 
 LOAD_SAMPLE_SECONDS = 0.25  # how often the trainer's CPU use is read while the agent may have to wait for it
@@ -428,13 +448,17 @@ class PriorityGovernor:
         self.idle = idle
         if not self._idle_mode:
             return
-        policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
         for tid in _agent_tasks():  # the trackers' processes too (wandb-core ran at normal priority)
-            if tid not in DECIDING_THREADS:
-                try:
-                    os.sched_setscheduler(tid, policy, os.sched_param(0))
-                except OSError:
-                    pass
+            if tid in DECIDING_THREADS:
+                continue
+            if not idle:
+                if not leave_idle(tid):
+                    return  # refused for one, refused for all
+                continue
+            try:
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                pass
 
     def _place(self) -> None:
         cpus = agent_cpus(self.trainer_pid)
