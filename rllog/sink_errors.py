@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import os
 import re
 import sqlite3
 import sys
@@ -190,12 +191,21 @@ def is_disk_full(exc: BaseException, wrapped: Sequence[str] = ()) -> bool:
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOBUFS, *DISK_FULL_ERRNOS})
 
 
+#: How the dynamic loader says it ran out of one of those: an extension module whose ``dlopen`` failed raises a bare
+#: ``ImportError`` with only the loader's text ("...: cannot open shared object file: Too many open files").
+RESOURCE_MESSAGES = tuple(os.strerror(e) for e in sorted(RESOURCE_ERRNOS))
+
+
 def is_resource_exhausted(exc: BaseException, wrapped: Sequence[str] = ()) -> bool:
     """Whether the local machine ran out of something anywhere in ``exc``'s chain: a ``MemoryError``, an
-    ``OSError`` in :data:`RESOURCE_ERRNOS`, or a full disk as :func:`is_disk_full` sees it."""
+    ``OSError`` in :data:`RESOURCE_ERRNOS`, an ``ImportError`` whose loader said so (:data:`RESOURCE_MESSAGES`), or a
+    full disk as :func:`is_disk_full` sees it."""
     chain = exception_chain(exc, wrapped)
-    if any(isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in RESOURCE_ERRNOS) for e in chain):
-        return True
+    for e in chain:
+        if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno in RESOURCE_ERRNOS):
+            return True
+        if isinstance(e, ImportError) and any(message in str(e) for message in RESOURCE_MESSAGES):
+            return True
     return is_disk_full(exc, wrapped)
 
 

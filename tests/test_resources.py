@@ -390,3 +390,41 @@ def test_a_live_follower_waits_out_what_the_machine_ran_out_of_past_give_up_afte
         assert sink.seqs == list(range(1, 51)) and saved["state"] == "closed"
     else:
         assert sink.seqs == [] and saved["state"] == "gave_up" and str(error) in saved["error"]
+
+
+IMPORT_WITHOUT_DESCRIPTORS = r"""
+import importlib, importlib.util, json, os, resource, sys
+from rllog.sink_errors import is_resource_exhausted
+
+candidates = ("_curses", "_dbm", "_gdbm", "audioop", "_bz2", "_lzma", "_ctypes", "mmap")
+name = next(m for m in candidates if m not in sys.modules and importlib.util.find_spec(m) is not None)
+used = set()
+for n in range(4096):
+    try:
+        os.fstat(n)
+        used.add(n)
+    except OSError:
+        pass
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(n for n in range(4097) if n not in used), hard))  # no descriptor left
+try:
+    importlib.import_module(name)
+    out = {"imported": True}
+except ImportError as exc:
+    out = {"imported": False, "type": type(exc).__name__, "message": str(exc), "resource": is_resource_exhausted(exc)}
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+out["after"] = importlib.import_module(name).__name__ == name
+print(json.dumps(out))
+"""
+
+
+def test_an_extension_module_that_cannot_load_for_want_of_descriptors_is_a_resource_error():
+    """A tracker's import in the agent's follower (a sink's module, or one it imports late) ran into the explorer's
+    descriptor limit (seed 8813): the loader's ``dlopen`` failed with EMFILE, and Python raised a bare ImportError with
+    only its text, which made the sink fail for good. It is a resource error: waited out, then imported."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_DESCRIPTORS], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["imported"] is False and result["type"] == "ImportError", result
+    assert os.strerror(errno.EMFILE) in result["message"] and result["resource"] is True, result
+    assert result["after"] is True  # descriptors back: the same import works
