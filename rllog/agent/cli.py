@@ -14,6 +14,7 @@ import weakref
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rllog import settings
 from rllog.agent.launch import EXIT_RESTART, EXIT_SINKS_FAILED, OPTIONS_FROM_STDIN, STANDBY_ARG
 from rllog.agent.placement import ImportGate, StartupHeap, TrainerLoad, agent_cpus, leave_idle, lower_priority, place
 from rllog.agent.serve import RestartAgent, serve
@@ -80,7 +81,7 @@ def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
     (exit quietly on end of file: the trainer went without training)."""
     from rllog import delivery, registry, rundir  # noqa: F401  (what serve() needs, imported ahead too)
 
-    lower_priority(idle=True)  # only cycles the trainer leaves
+    lower_priority(idle=settings.AGENT_PRIORITY.get() == "idle")  # only cycles the trainer leaves
     place(agent_cpus(os.getppid()))
     load = TrainerLoad.from_settings(os.getppid())
     threading.Thread(target=_stop_waiting_if_dropped, args=(load,), name="rllog-standby-stdin", daemon=True).start()

@@ -138,9 +138,12 @@ class StartupHeap:
         log.info("rllog: %d objects of the trackers' start-up frozen out of garbage collection", made)
 
 
-# Native ids of the agent's threads that decide when the rest may run (PriorityGovernor, TrainerLoad): they stay at
-# normal priority (nice, never SCHED_IDLE), or a busy machine would starve the decisions themselves.
+# Native ids of the agent's threads that decide when the rest may run (PriorityGovernor, TrainerLoad): they leave
+# SCHED_IDLE for normal priority (nice) where Linux allows it (leave_idle), or a busy machine would starve the
+# decisions themselves; the governor leaves them as they are.
 DECIDING_THREADS: set[int] = set()
+# Set by the agent's SIGTERM handler: the governor stops putting threads back to idle while the agent stops.
+STOPPING = threading.Event()
 
 
 STAYS_IDLE_WARNING = (
@@ -155,20 +158,21 @@ _told_stays_idle = False
 def leave_idle(tid: int) -> bool:
     """Switch thread ``tid`` (0: this one) from ``SCHED_IDLE`` to normal scheduling. Linux lets an unprivileged user
     do that only within its ``RLIMIT_NICE`` (0 on most systems: never), so for most non-root users ``SCHED_IDLE`` is
-    one-way; the first refusal is said once, as a warning. False if refused."""
+    one-way; the first refusal is said once, as a warning. False only if refused (a thread that ended meanwhile, or
+    a system without scheduling policies, is not a refusal)."""
     global _told_stays_idle
     if not hasattr(os, "SCHED_OTHER"):
-        return False
+        return True
     try:
         os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-        return True
     except PermissionError:
         if not _told_stays_idle:
             _told_stays_idle = True
             log.warning(STAYS_IDLE_WARNING)
         return False
     except OSError:  # the thread ended meanwhile
-        return False
+        pass
+    return True
 
 
 def _decide_at_normal_priority() -> None:
@@ -186,7 +190,7 @@ def raise_to_normal_priority(pid: int) -> None:
         return
     for tid in tids:
         if not leave_idle(int(tid)):
-            return  # refused for one, refused for all
+            return  # refused for one, refused for all (the same user's right)
 
 
 LOAD_SAMPLE_SECONDS = 0.25  # how often the trainer's CPU use is read while the agent may have to wait for it
@@ -289,7 +293,10 @@ def trainer_cpus(pid: int) -> float | None:
         cpus: float = len(os.sched_getaffinity(pid))
     except OSError:
         return None
-    quota = cgroup_cpu_quota(pid)
+    try:
+        quota = cgroup_cpu_quota(pid)
+    except Exception:  # a cgroup file laid out in a way not foreseen: the affinity alone
+        quota = None
     return cpus if quota is None else min(cpus, quota)
 
 
@@ -325,6 +332,7 @@ class TrainerLoad:
         self._go = threading.Event()
         self._go.set()
         self._done = threading.Event()
+        self.all_started = threading.Event()  # set by serve once the followers list is complete
         self.held_seconds = 0.0  # how long the agent's work waited for the trainer, in all
         self._held_since = self._started = 0.0
 
@@ -352,7 +360,8 @@ class TrainerLoad:
         self._go.set()
 
     def wait(self, stop: threading.Event) -> None:
-        """Return once the agent may work (at once unless the trainer is busy), or once ``stop`` is set."""
+        """Return once the agent may work (from :meth:`start`'s first reading on, while the trainer leaves room; at
+        once when nothing is watched), or once ``stop`` is set."""
         while not self._go.wait(LOAD_SAMPLE_SECONDS):
             if stop.is_set():
                 return
@@ -367,7 +376,10 @@ class TrainerLoad:
         _decide_at_normal_priority()
         try:
             self._watch()
+        except Exception as exc:  # whatever /proc held: the agent works unheld rather than never
+            log.warning("rllog: watching the trainer's CPU use failed (%s: %s); not waiting for it", type(exc).__name__, exc)
         finally:
+            self._go.set()
             DECIDING_THREADS.discard(threading.get_native_id())  # a later thread may get its id
 
     def _watch(self) -> None:
@@ -397,7 +409,8 @@ class TrainerLoad:
             elif not self._go.is_set():
                 self.held_seconds += now - self._held_since
                 self._go.set()
-            if self._done.wait(LOAD_SAMPLE_SECONDS) or (self.followers and delivery_lag(self.followers) is None):
+            ended = self.followers is not None and self.all_started.is_set() and delivery_lag(self.followers) is None
+            if self._done.wait(LOAD_SAMPLE_SECONDS) or ended:
                 self._go.set()  # stopped, or every follower has ended
                 return
 
@@ -428,8 +441,10 @@ class PriorityGovernor:
     even when training keeps every core busy; and off the trainer's CPU (:func:`agent_cpus`), checked every second.
 
     Linux sets the policy per thread: every thread of the agent and of the processes it started (the trackers'
-    threads, wandb's service) is switched, every second, except the governor's own, which stays at normal
-    priority so that it can always decide.
+    threads, wandb's service) is switched, every second, except the deciding threads (the governor's own and
+    :class:`TrainerLoad`'s, :data:`DECIDING_THREADS`), which leave idle priority where Linux allows, so that they can
+    always decide. On SIGTERM (:data:`STOPPING`) every thread is raised, so that the followers save their cursors
+    within the grace.
     """
 
     def __init__(self, followers: list, mode: str, trainer_pid: int | None = None):
@@ -469,10 +484,18 @@ class PriorityGovernor:
     def _run(self) -> None:
         if self._idle_mode:  # started by an idle thread (the agent starts idle): this one must always get to decide
             _decide_at_normal_priority()
+        try:
+            self._govern()
+        finally:
+            DECIDING_THREADS.discard(threading.get_native_id())
+
+    def _govern(self) -> None:
         self._set(True)
         while True:
             self._place()
-            time.sleep(1.0)
+            if STOPPING.wait(1.0):  # SIGTERM: the followers save their cursors within a short grace, at normal priority
+                self._set(False)
+                return
             lag = delivery_lag(self.followers)
             if lag is None:  # every follower has ended
                 return

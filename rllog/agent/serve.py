@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from rllog import settings
-from rllog.agent.placement import PriorityGovernor, StartupHeap, TrainerLoad, agent_cpus, place
+from rllog.agent.placement import STOPPING, PriorityGovernor, StartupHeap, TrainerLoad, agent_cpus, place
 from rllog.settings import LOCK_WAIT_SECONDS, ORPHAN_TIMEOUT_SECONDS
 
 log = logging.getLogger("rllog.agent")
@@ -82,10 +82,12 @@ def serve(
         try:
             followers.append(follower.start(wait=LOCK_WAIT_SECONDS if follow else 0.0))
         except Exception:  # SinkBusy: someone else delivers this sink; stop what was started and say so
+            load.stop()
             for started in followers:
                 started.stop()
                 started.join(5)
             raise
+    load.all_started.set()
     if follow:
         FlushWatcher(run_dir, followers, writer_gone=parent_gone, wakeups=wakeups).start()
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
@@ -125,6 +127,7 @@ def _stop_followers_on_sigterm(followers: list) -> None:
         return
 
     def stop(signum: int, frame: Any) -> None:
+        STOPPING.set()
         for follower in followers:
             follower.stop()
 
