@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import subprocess
 import threading
@@ -117,6 +118,28 @@ def backend_run_info(
     base = Path(where["tmp"] if isinstance(where, dict) else where)
     directory = Path(run_dir) if run_dir is not None else base / "run"
     return RunInfo(project, name, str(directory), run_id, {} if config is None else config, **fields)
+
+
+@contextlib.contextmanager
+def busy_cpus(busy: bool = True) -> Iterator[None]:
+    """Threads of this process that keep every CPU it may use busy for the block's length (a CPU-bound training on
+    every core): hashlib releases the GIL, so the test's own thread still runs."""
+    stop = threading.Event()
+    data = b"x" * 50_000_000
+
+    def spin() -> None:
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)) if busy else 0)]
+    for t in spinners:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in spinners:
+            t.join()
 
 
 def wait_until(predicate, timeout: float = 60.0) -> bool:

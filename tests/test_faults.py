@@ -3,21 +3,18 @@ against a real MLflow server, SIGKILL at random points. Figures: docs/reliabilit
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from mlflow_server import mlflow_server  # noqa: F401  (fixture)
-from sinks import wait_until
+from sinks import busy_cpus, wait_until
 
 import rllog
 import rllog.run
@@ -25,27 +22,6 @@ from rllog import journal, settings
 from rllog.cli import main as cli_main
 from rllog.delivery import RetryPolicy
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
-
-
-@contextlib.contextmanager
-def busy_cpus(busy: bool = True):
-    """Threads of this process that keep every CPU busy (hashlib releases the GIL), for the block's length."""
-    stop = threading.Event()
-    data = b"x" * 20_000_000
-
-    def spin() -> None:
-        while not stop.is_set():
-            hashlib.sha256(data).digest()
-
-    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(len(os.sched_getaffinity(0)) if busy else 0)]
-    for t in spinners:
-        t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for t in spinners:
-            t.join()
 
 
 def jsonl(run_dir, name):

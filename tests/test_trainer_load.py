@@ -7,7 +7,6 @@ what the agent does about it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sinks import busy_cpus
 
 import rllog
 from rllog.agent.placement import (
@@ -130,17 +130,7 @@ def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everyth
     while delivered() < 1 and time.monotonic() < deadline:  # an idle trainer: delivered at once
         time.sleep(0.05)
     assert delivered() >= 1
-    stop = threading.Event()
-    data = b"x" * 50_000_000
-
-    def spin() -> None:
-        while not stop.is_set():
-            hashlib.sha256(data).digest()
-
-    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(CPUS)]
-    for t in spinners:
-        t.start()
-    try:
+    with busy_cpus():
         time.sleep(2.0)  # the agent sees the trainer busy
         seq = delivered()
         for step in range(1, 6):
@@ -153,10 +143,6 @@ def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everyth
         while delivered() < seq + 5 and time.monotonic() < deadline:  # lag_max bounds the wait, busy or not
             time.sleep(0.1)
         assert delivered() >= seq + 5
-    finally:
-        stop.set()
-        for t in spinners:
-            t.join()
     run.log({"after": 1.0}, step=6)
     report = run.finish(timeout=60)
     assert report.ok
@@ -173,27 +159,13 @@ def test_an_agent_that_arrives_while_the_trainer_is_busy_opens_nothing_before_it
     from its first reading of the trainer half a second later (opening five trackers then cost the first steps ~1 s)."""
     monkeypatch.setenv("RLLOG_AGENT_FREE_CPUS", "1")
     monkeypatch.setenv("RLLOG_AGENT_LAG_MAX", "8")
-    stop = threading.Event()
-    data = b"x" * 50_000_000
-
-    def spin() -> None:
-        while not stop.is_set():
-            hashlib.sha256(data).digest()
-
-    spinners = [threading.Thread(target=spin, daemon=True) for _ in range(CPUS)]
-    for t in spinners:
-        t.start()
-    try:
+    with busy_cpus():
         time.sleep(1.0)
         run = rllog.init(report_to="parquet", run_dir=tmp_path / "run", health=False)
         run.log({"first": 1.0}, step=0)
         run.request_flush()
         time.sleep(3.0)
         assert CursorStore(tmp_path / "run", "parquet").load().seq == 0  # not one record, though parquet opens in ms
-    finally:
-        stop.set()
-        for t in spinners:
-            t.join()
     report = run.finish(timeout=60)
     assert report.ok
     rows = read_metrics(tmp_path / "run").to_pydict()
