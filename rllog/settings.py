@@ -28,8 +28,9 @@ Variable                 Type         Default      Meaning
                                                    priority (back to nice) until caught up.
 ``RLLOG_AGENT_FREE_CPUS``
                          number       1            In ``idle`` priority, the agent's work waits while the trainer
-                                                   leaves fewer CPUs than this free (a CPU-bound training on every
-                                                   core), up to ``RLLOG_AGENT_LAG_MAX``; ``0``: never waits.
+                                                   leaves fewer CPUs than this (at most half of its CPUs: affinity,
+                                                   or its cgroup's quota if tighter) free (a CPU-bound training on
+                                                   every core), up to ``RLLOG_AGENT_LAG_MAX``; ``0``: never waits.
 ``RLLOG_AGENT_NICE``     integer      10           The niceness added to the agent (-20 to 19): delivery is
                                                    background work.
 ``RLLOG_CONSOLE_FD``     file         (unset)      Set by the agent, not by users: the trainer's stdout,

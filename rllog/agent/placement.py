@@ -4,6 +4,7 @@ trackers import and open (:class:`StartupHeap`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
@@ -11,6 +12,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rllog import settings
@@ -175,10 +177,18 @@ def leave_idle(tid: int) -> bool:
     return True
 
 
-def _decide_at_normal_priority() -> None:
-    """Called by a deciding thread itself: switch it out of ``SCHED_IDLE`` (the agent starts idle) and register it."""
-    DECIDING_THREADS.add(threading.get_native_id())
+@contextlib.contextmanager
+def deciding_thread() -> Iterator[None]:
+    """The calling thread decides for the agent while in the block: it leaves ``SCHED_IDLE`` (the agent starts idle;
+    the thread that started this one may be idle) and is in :data:`DECIDING_THREADS`, until the block ends (a later
+    thread may get its id)."""
+    tid = threading.get_native_id()
+    DECIDING_THREADS.add(tid)
     leave_idle(0)
+    try:
+        yield
+    finally:
+        DECIDING_THREADS.discard(tid)
 
 
 def raise_to_normal_priority(pid: int) -> None:
@@ -373,14 +383,13 @@ class TrainerLoad:
         return lag is not None and lag > self.lag_max
 
     def _run(self) -> None:
-        _decide_at_normal_priority()
-        try:
-            self._watch()
-        except Exception as exc:  # whatever /proc held: the agent works unheld rather than never
-            log.warning("rllog: watching the trainer's CPU use failed (%s: %s); not waiting for it", type(exc).__name__, exc)
-        finally:
-            self._go.set()
-            DECIDING_THREADS.discard(threading.get_native_id())  # a later thread may get its id
+        with deciding_thread():
+            try:
+                self._watch()
+            except Exception as exc:  # whatever /proc held: the agent works unheld rather than never
+                log.warning("rllog: watching the trainer's CPU use failed (%s: %s); not waiting for it", type(exc).__name__, exc)
+            finally:
+                self._go.set()
 
     def _watch(self) -> None:
         pid = self.trainer_pid
@@ -482,12 +491,8 @@ class PriorityGovernor:
             self.cpus = cpus
 
     def _run(self) -> None:
-        if self._idle_mode:  # started by an idle thread (the agent starts idle): this one must always get to decide
-            _decide_at_normal_priority()
-        try:
+        with deciding_thread():  # started by an idle thread (the agent starts idle): this one must always get to decide
             self._govern()
-        finally:
-            DECIDING_THREADS.discard(threading.get_native_id())
 
     def _govern(self) -> None:
         self._set(True)
