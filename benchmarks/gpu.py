@@ -226,14 +226,22 @@ def case_series(params: dict, workdir: Path) -> dict:
         train_once("none", model_dir, workdir / "warmup", WARMUP_STEPS + 1, smoke, trackers, counter)
     runs = []
     keys = list(CONFIGS)
+    series_started, round_s = time.perf_counter(), 0.0
     for round_ in range(params["rounds"]):
+        left = params["budget"] - (time.perf_counter() - series_started) if params.get("budget") else None
+        if left is not None and round_ and round_s > left:  # a round cut off by the device's limit would lose them all
+            progress(f"gpu: {round_} round(s) done; the next (~{round_s:.0f} s) does not fit the {left:.0f} s left")
+            break
+        round_began = time.perf_counter()
         order = keys[round_ % len(keys) :] + keys[: round_ % len(keys)]
         for config in order:
             progress(f"gpu: round {round_}, {CONFIGS[config]}")
             result = train_once(config, model_dir, workdir / f"r{round_}-{config}", params["steps"], smoke, trackers, counter)
             runs.append({"round": round_, **result})
+        round_s = time.perf_counter() - round_began
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not smoke else "CPU"
-    return {"runs": runs, "parameters": parameters, "device": device, "torch": torch.__version__}
+    rounds_done = len({r["round"] for r in runs})
+    return {"runs": runs, "parameters": parameters, "device": device, "torch": torch.__version__, "rounds": rounds_done}
 
 
 CASES = {"series": case_series}
@@ -326,11 +334,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {GPU_ROUNDS})")
     parser.add_argument("--doc", help="write the dated section into this file (default: docs/benchmarks.md, not with --smoke)")
     parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument(
+        "--budget", type=float, help="seconds for the series: no round is started that the last one says would not fit"
+    )
     args = parser.parse_args()
     steps = args.steps or (SMOKE_STEPS if args.smoke else GPU_STEPS)
     rounds = args.rounds or (SMOKE_ROUNDS if args.smoke else GPU_ROUNDS)
     trackers = SMOKE_TRACKERS if args.smoke else FIVE
-    params = {"smoke": args.smoke, "steps": steps, "rounds": rounds, "trackers": trackers}
+    params = {"smoke": args.smoke, "steps": steps, "rounds": rounds, "trackers": trackers, "budget": args.budget}
     with tempfile.TemporaryDirectory(prefix="rllog-bench-gpu-") as tmp:
         # On a GPU, torch keeps its default threads, as in a user's script. The CPU smoke run pins it to one: torch's
         # threads wait for each other spinning, which on a loaded CPU made a 5-step check take minutes.
@@ -340,6 +351,7 @@ def main() -> int:
         print(f"gpu.py failed: {results['error']} (log: {results.get('log')})", file=sys.stderr)
         return 1
     results |= params | {
+        "rounds": results.get("rounds", rounds),  # fewer than asked where --budget ran out
         "when": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         "commit": harness.git_commit(),
     }

@@ -23,12 +23,16 @@ def test_gpu_benchmark_smoke_trains_every_configuration_and_writes_its_section(t
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Benchmarks\n\nbefore\n\n{gpu.SECTION_BEGIN}\nan older measurement\n{gpu.SECTION_END}\n\nafter\n")
     raw = tmp_path / "results.json"
+    # Two rounds asked, but a budget the first round overruns: the second is not started (a device call's time limit
+    # would otherwise kill the series and lose the rounds already done).
     command = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--doc", str(doc), "--json", str(raw)]
+    command += ["--rounds", "2", "--budget", "0.5"]
     proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     results = json.loads(raw.read_text())
     runs = results["runs"]
     assert [r["config"] for r in runs] == list(gpu.CONFIGS)  # one round, every configuration once
+    assert results["rounds"] == 1
     for r in runs:
         assert r["timed_steps"] == gpu.SMOKE_STEPS - gpu.WARMUP_STEPS, r
         assert r["step_median_ms"] > 0 and r["blocked_ms_per_step"] is not None, r
@@ -38,7 +42,7 @@ def test_gpu_benchmark_smoke_trains_every_configuration_and_writes_its_section(t
     assert text.startswith("# Benchmarks\n\nbefore\n") and text.rstrip().endswith("after")
     assert "an older measurement" not in text and text.count(gpu.SECTION_BEGIN) == 1
     section = text.split(gpu.SECTION_BEGIN)[1].split(gpu.SECTION_END)[0]
-    assert "GRPO on a GPU" in section and "CPU" in section
+    assert "GRPO on a GPU" in section and "CPU" in section and "x 1 round(s)" in section
     for label in gpu.CONFIGS.values():
         assert label in section
 
