@@ -60,9 +60,9 @@ GPU_TRAINING = {
     "use_cpu": False,
     "bf16": True,
 }
-# Estimated (no GPU was at hand to time it): ~0.3-0.5 s a step on an H100, ~8 minutes with start-up: one call of a
-# 10-minute device slot.
-GPU_STEPS, GPU_ROUNDS = 40, 3
+# Measured on an H100 (docs/benchmarks.md, section 9): ~1.2 s a step, ~140 s a round of 20 steps, ~8 minutes for 3
+# rounds with start-up: one call of a 10-minute device slot.
+GPU_STEPS, GPU_ROUNDS = 20, 3
 # The smoke run: CPU, the demo's tiny model, cheap trackers only (tensorboard's import is ~0.3 s; trackio for the
 # callbacks' clean-up, which differs by transformers version), so that the suite runs every code path in seconds.
 SMOKE_TRACKERS = ["tensorboard", "trackio"]
