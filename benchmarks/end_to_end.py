@@ -365,16 +365,30 @@ FRESH_TARGETS = {
 
 
 def fresh_processes(
-    lengths: list[int], rounds: int, tmp: Path, threads_modes: tuple[str, ...] = ("one",), keys: tuple[str, ...] = ("a", "c0p")
+    lengths: list[int],
+    rounds: int,
+    tmp: Path,
+    threads_modes: tuple[str, ...] = ("one",),
+    keys: tuple[str, ...] = ("a", "c0p"),
+    budget: float | None = None,
 ) -> dict:
     """A user's script, start to end: each training in a fresh process that imports torch and TRL, builds the model
     and the trainer, trains and finishes; ``keys`` (``FRESH``: (a) ``report_to="none"``, the mixin with five trackers
     + parquet, the mixin with parquet alone) interleaved over ``rounds``, the order rotated each round, for each torch
-    threading of ``threads_modes`` (``"one"``: pinned to one thread; ``"default"``: torch's defaults, every core)."""
+    threading of ``threads_modes`` (``"one"``: pinned to one thread; ``"default"``: torch's defaults, every core).
+    ``budget`` (seconds, for a lent machine's time limit): no round is started that the last one says would not fit;
+    with it, give one threading and one length, as the rounds of the others would not be reached."""
     runs = []
+    started = time.perf_counter()
     for threads in threads_modes:
         for steps in lengths:
+            round_s = 0.0
             for round_ in range(rounds):
+                left = budget - (time.perf_counter() - started) if budget else None
+                if left is not None and round_ and round_s > left:
+                    progress(f"end to end: {round_} round(s) done; the next (~{round_s:.0f} s) does not fit {left:.0f} s")
+                    break
+                round_began = time.perf_counter()
                 shift = round_ % len(keys)
                 order = keys[shift:] + keys[:shift]
                 for key in order if round_ % 2 == 0 else tuple(reversed(order)):
@@ -382,6 +396,7 @@ def fresh_processes(
                     params = FRESH[key] | {"steps": steps, "threads": threads}
                     result = run_case(SCRIPT, "grpo", params, tmp, timeout=900, threads=threads)
                     runs.append({"key": key, "round": round_, "steps": steps, "threads": threads, **result})
+                round_s = time.perf_counter() - round_began
     return {"runs": runs}
 
 
@@ -589,13 +604,14 @@ def main() -> None:
     )
     parser.add_argument("--write-doc", action="store_true", help="with --fresh-only: write it into docs/benchmarks.md")
     parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--budget", type=float, help="with --fresh-only: seconds; no round is started that would not fit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
         if args.fresh_only:
             lengths = [60] if args.quick else [60, 240]
             rounds = args.rounds or (1 if args.quick else FRESH_ROUNDS)
             modes = harness.THREAD_MODES if args.threads == "both" else (args.threads,)
-            results = fresh_processes(lengths, rounds, Path(tmp), modes, tuple(FRESH))
+            results = fresh_processes(lengths, rounds, Path(tmp), modes, tuple(FRESH), args.budget)
             results["floor"] = tracker_floor(results, Path(tmp))
             load = "/".join(f"{x:.2f}" for x in os.getloadavg())
             results["measured"] = (
