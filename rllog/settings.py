@@ -264,7 +264,11 @@ SYSTEM_METRICS_INTERVAL = 5.0  # seconds between samples of the trainer's CPU, m
 WRITER_ALIVE_CHECK_SECONDS = 0.05
 
 # -- the delivery agent and its supervision (rllog.agent) --------------------------------------------------------
-AGENT_POLL_SECONDS = 0.2  # how often the trainer's watcher reads the agent's samples and checks that it lives
+AGENT_POLL_SECONDS = 0.2  # how often a wait for the agent's exit (``finish``) looks again through a restart
+# How often the trainer's watcher checks that the agent lives, reads its system samples (at most each sample interval)
+# and the sinks' cursors. Each look takes the GIL from the training thread several times (a file per sink): at 0.2 s
+# the training thread blocked ~20 times a second more; a dead agent is restarted or a failed sink told a second later.
+AGENT_WATCH_SECONDS = 1.0
 SINK_CHECK_SECONDS = 5.0  # how often the watcher reads every cursor for a sink retrying one error (a failure: at once)
 LOCK_WAIT_SECONDS = 300.0  # a resumed run's agent waits this long for the previous attempt's agent to let go of a sink
 ORPHAN_TIMEOUT_SECONDS = 600.0  # an agent whose trainer died gives its sinks this long to take what is left

@@ -120,6 +120,12 @@ def backend_run_info(
     return RunInfo(project, name, str(directory), run_id, {} if config is None else config, **fields)
 
 
+def thread_wakeups(native_id: int) -> int:
+    """How many times a thread of this process went to sleep and was woken (its voluntary context switches)."""
+    status = Path(f"/proc/self/task/{native_id}/status").read_text()
+    return int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
 @contextlib.contextmanager
 def busy_cpus(busy: bool = True) -> Iterator[None]:
     """Threads of this process that keep every CPU it may use busy for the block's length (a CPU-bound training on

@@ -10,7 +10,7 @@ import sys
 import threading
 
 import pytest
-from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, wait_until
+from sinks import BlockingSink, CrashingSink, FlakySink, MemorySink, thread_wakeups, wait_until
 
 import rllog
 from rllog.cli import main as cli_main
@@ -752,6 +752,28 @@ def test_the_retry_note_is_cleared_when_retrying_ends_in_a_rejection(tmp_path):
     saved = CursorStore(run_dir, "flaky").load()
     assert sink.seqs == [1, 2, 3, 4, 6, 7, 8, 9, 10] and saved.dead_letter_count == 1
     assert (saved.state, saved.error) == ("closed", None)  # not "retrying since ..." on a sink that delivered
+
+
+def test_an_idle_run_does_not_wake_the_trainer(tmp_path):
+    """Each wake-up of one of rllog's threads in the trainer takes the GIL from the training thread, which then waits
+    to take it back (on a GPU, where a step is mostly waiting, that was dozens of waits a step). Between logs, the
+    journal writer sleeps with no timer and the agent's watcher looks once a second: the two woke ~75 times in
+    these 3 s before (every 50 ms and every 200 ms)."""
+    import time
+
+    run = rllog.init(["parquet"], run_dir=tmp_path / "run", system_metrics=False, quiet=True)
+    run.log({"x": 1.0}, step=1)
+    assert run.flush(timeout=120).ok
+    threads = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("rllog-")}
+    assert {"rllog-journal", "rllog-agent-watch"} <= set(threads)
+    time.sleep(0.5)
+    before = {name: thread_wakeups(tid) for name, tid in threads.items()}
+    time.sleep(3.0)
+    woke = {name: thread_wakeups(tid) - before[name] for name, tid in threads.items()}
+    assert woke["rllog-journal"] <= 1 and woke["rllog-agent-watch"] <= 5 and sum(woke.values()) <= 8, woke
+    run.log({"x": 2.0}, step=2)  # and the run still delivers what comes after
+    assert run.finish(timeout=120).ok
+    assert parquet_backend.read_metrics(tmp_path / "run").column("value").to_pylist() == [1.0, 2.0]
 
 
 def _stderr_said(capfd, seen: list[str], text: str) -> bool:

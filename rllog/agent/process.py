@@ -88,6 +88,7 @@ class AgentProcess:
     """
 
     POLL_SECONDS = settings.AGENT_POLL_SECONDS
+    WATCH_SECONDS = settings.AGENT_WATCH_SECONDS
 
     def __init__(
         self,
@@ -112,7 +113,7 @@ class AgentProcess:
         self._retrying: dict[str, str] = {}  # sink -> the retry note its cursor held at the last check
         self._told_retrying: set[str] = set()
         self._next_retry_check = 0.0
-        self.cursor_checks = 0  # looks at the cursors so far (every POLL_SECONDS)
+        self.cursor_checks = 0  # looks at the cursors so far (every WATCH_SECONDS)
         self.budget = budget or RestartBudget()
         self._say = on_stderr or (lambda text: print(text, file=sys.stderr, flush=True))
         self.proc: subprocess.Popen | None = None
@@ -261,7 +262,7 @@ class AgentProcess:
     def _check_sinks(self, retry_notes: bool = True) -> None:
         """Say on stderr, once per sink, when a sink fails (its records stay pending for replay) or rejects its
         first record for good (dead letters), as soon as its cursor file says so: looked at every
-        :attr:`POLL_SECONDS`, read again only when it changed. With ``retry_notes`` (every
+        :attr:`WATCH_SECONDS`, read again only when it changed. With ``retry_notes`` (every
         :attr:`SINK_CHECK_SECONDS`: every cursor is read), also when it has been retrying one error since the
         previous such check (a tracker down, no descriptor left)."""
         for name, store in self._cursors.items():
@@ -303,7 +304,8 @@ class AgentProcess:
                 log.debug("rllog: system sample not journaled: %s", exc)
 
     def _watch(self) -> None:
-        while not self._stopping.wait(self.POLL_SECONDS):
+        interval = min(self.WATCH_SECONDS, self.system_interval or self.WATCH_SECONDS)
+        while not self._stopping.wait(interval):
             self._read_samples()
             retry_notes = time.monotonic() >= self._next_retry_check
             if retry_notes:

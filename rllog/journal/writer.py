@@ -1,5 +1,5 @@
 """The journal's writer: one background thread per run appends frames (:mod:`rllog.journal.format`) to
-``RUN_DIR/journal/``, handing them to the OS every ``write_interval``; a full disk waits, never loses a frame."""
+``RUN_DIR/journal/``, handing them to the OS within ``write_interval`` of their append; a full disk waits, never loses a frame."""
 
 from __future__ import annotations
 
@@ -140,7 +140,9 @@ class JournalWriter:
         self.write_interval = write_interval
         self._pending: collections.deque = collections.deque()
         self._frames: list[tuple[int, bytes]] = []  # encoded, not yet on disk: (seq, frame)
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # write now: a flush, close, backpressure (cuts the batching wait short)
+        self._work = threading.Event()  # something to write: ends the idle wait
+        self._idle = False  # the writer is (about to be) in its idle wait: the next append sets _work
         self._landed = threading.Condition()  # notified each time written_seq moves
         self._closed = threading.Event()
         self._abandon = threading.Event()
@@ -187,8 +189,11 @@ class JournalWriter:
                 self._unencodable(entry.seq, exc)
                 return
             self._pending.append(encoded)
-            return
-        self._pending.append(entry)
+        else:
+            self._pending.append(entry)
+        if self._idle:  # the first entry since the writer went idle; the rest of a batch costs no wake-up
+            self._idle = False
+            self._work.set()
 
     def _unencodable(self, seq: int, exc: Exception) -> None:
         self.stats.unencodable.append(f"seq {seq}: {type(exc).__name__}: {exc}")
@@ -206,6 +211,7 @@ class JournalWriter:
     def wake(self) -> None:
         """Write what is pending now instead of at the next tick."""
         self._wake.set()
+        self._work.set()
 
     def wait_written(self, seq: int, timeout: float) -> bool:
         """Block until every entry up to ``seq`` is handed to the OS; False at ``timeout`` or if the writer stopped.
@@ -229,17 +235,18 @@ class JournalWriter:
         """
         self._end = (status, time.time())
         self._closed.set()
-        self._wake.set()
+        self.wake()
         self._thread.join(timeout)
         if self._thread.is_alive():
             self._abandon.set()
-            self._wake.set()
+            self.wake()
             self._thread.join()
         return self.stats.end_written
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.write_interval)
+            self._wait_for_work()
+            self._wake.wait(self.write_interval)  # the rest of the batch: a step logs its metrics and tables together
             self._wake.clear()
             closing = self._closed.is_set()
             self._write_pending()
@@ -252,6 +259,19 @@ class JournalWriter:
             self._end_segment(self._fd, self._size)
         except OSError:
             pass
+
+    def _wait_for_work(self) -> None:
+        """Sleep, with no timer, while nothing is pending: every wake-up of this thread takes the GIL from a training
+        thread, which then waits to take it back (a 50 ms tick made the training thread block 20 more times a
+        second, on a GPU a few dozen times a step). ``_idle`` is set before ``_pending`` is looked at, so an
+        ``append`` racing with the look either is seen here or sees ``_idle`` and sets ``_work``."""
+        self._work.clear()
+        self._idle = True
+        if self._pending or self._frames or self._closed.is_set():
+            self._idle = False
+            return
+        self._work.wait()
+        self._idle = False
 
     def _top_up(self) -> None:
         """Allocate the reserve past the segment's end again once half of it is used (see the class)."""
