@@ -209,7 +209,7 @@ class JournalWriter:
         return self._thread.is_alive()
 
     def wake(self) -> None:
-        """Write what is pending now instead of at the next tick."""
+        """Write what is pending now, without the wait for the rest of a batch."""
         self._wake.set()
         self._work.set()
 
