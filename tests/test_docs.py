@@ -1,4 +1,4 @@
-"""Every ``python`` and ``bash`` block of README.md and docs/*.md runs as pasted.
+"""Every ``python`` and ``bash`` block of README.md, docs/*.md and docs/backends/*.md runs as pasted.
 
 A page's blocks run in order in one fresh directory, as a reader pastes them: python blocks in one interpreter
 (a later block uses what an earlier one defined), bash blocks with the ``rllog`` command on PATH. A block that
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "backends").glob("*.md"))]
 RUN = ("python", "bash")
 NOT_RUN = re.compile(r"^<!-- not run by tests/test_docs\.py: (?P<reason>\S.*\S) -->$")
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
