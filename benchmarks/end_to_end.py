@@ -382,13 +382,7 @@ def fresh_processes(
     started = time.perf_counter()
     for threads in threads_modes:
         for steps in lengths:
-            round_s = 0.0
-            for round_ in range(rounds):
-                left = budget - (time.perf_counter() - started) if budget else None
-                if left is not None and round_ and round_s > left:
-                    progress(f"end to end: {round_} round(s) done; the next (~{round_s:.0f} s) does not fit {left:.0f} s")
-                    break
-                round_began = time.perf_counter()
+            for round_ in harness.rounds_within(rounds, budget, since=started):
                 shift = round_ % len(keys)
                 order = keys[shift:] + keys[:shift]
                 for key in order if round_ % 2 == 0 else tuple(reversed(order)):
@@ -396,7 +390,6 @@ def fresh_processes(
                     params = FRESH[key] | {"steps": steps, "threads": threads}
                     result = run_case(SCRIPT, "grpo", params, tmp, timeout=900, threads=threads)
                     runs.append({"key": key, "round": round_, "steps": steps, "threads": threads, **result})
-                round_s = time.perf_counter() - round_began
     return {"runs": runs}
 
 

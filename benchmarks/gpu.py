@@ -226,19 +226,12 @@ def case_series(params: dict, workdir: Path) -> dict:
         train_once("none", model_dir, workdir / "warmup", WARMUP_STEPS + 1, smoke, trackers, counter)
     runs = []
     keys = list(CONFIGS)
-    series_started, round_s = time.perf_counter(), 0.0
-    for round_ in range(params["rounds"]):
-        left = params["budget"] - (time.perf_counter() - series_started) if params.get("budget") else None
-        if left is not None and round_ and round_s > left:  # a round cut off by the device's limit would lose them all
-            progress(f"gpu: {round_} round(s) done; the next (~{round_s:.0f} s) does not fit the {left:.0f} s left")
-            break
-        round_began = time.perf_counter()
+    for round_ in harness.rounds_within(params["rounds"], params.get("budget")):
         order = keys[round_ % len(keys) :] + keys[: round_ % len(keys)]
         for config in order:
             progress(f"gpu: round {round_}, {CONFIGS[config]}")
             result = train_once(config, model_dir, workdir / f"r{round_}-{config}", params["steps"], smoke, trackers, counter)
             runs.append({"round": round_, **result})
-        round_s = time.perf_counter() - round_began
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not smoke else "CPU"
     rounds_done = len({r["round"] for r in runs})
     return {"runs": runs, "parameters": parameters, "device": device, "torch": torch.__version__, "rounds": rounds_done}

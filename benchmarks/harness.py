@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +288,22 @@ def git_commit() -> str:
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def rounds_within(rounds: int, budget: float | None, since: float | None = None) -> Iterator[int]:
+    """``range(rounds)``, cut short for a lent machine's time limit: with ``budget`` (seconds from ``since``, default
+    the first round's start), no round is started that the last one's duration says would not fit what is left; a
+    round cut off by the limit would lose the rounds already done with it."""
+    started = time.perf_counter() if since is None else since
+    last = 0.0
+    for round_ in range(rounds):
+        left = budget - (time.perf_counter() - started) if budget else None
+        if left is not None and round_ and last > left:
+            progress(f"{round_} round(s) done; the next (~{last:.0f} s) does not fit the {left:.0f} s left")
+            return
+        began = time.perf_counter()
+        yield round_
+        last = time.perf_counter() - began
 
 
 # --- rllog helpers (used inside workers) -----------------------------------------------------------
