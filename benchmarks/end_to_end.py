@@ -248,6 +248,7 @@ def train_once(params: dict, model_dir: str, workdir: Path, counter: SyncCounter
     result["completion_lengths"] = [h["completions/mean_length"] for h in history if "completions/mean_length" in h]
     diffs = [b - a for a, b in itertools.pairwise(step_begins)]
     result["step_median_ms"] = median(diffs) * 1e3 if diffs else None
+    result["step_ms"] = [round(d * 1e3, 2) for d in diffs]  # step by step: whether a cost grows over the run
     t = time.perf_counter()
     if mode == "rllog":
         report = trainer.rllog_run.finish(timeout=600)

@@ -246,9 +246,12 @@ def check_agent_settings() -> None:
 
 
 # -- the trainer side (rllog.run) ------------------------------------------------------------------------------
-# The journal writer hands records to the OS at least this often, so the delivery agent works through them as they
-# come rather than in half-second bursts (a train()'s final flush would wait for the last burst).
-JOURNAL_WRITE_INTERVAL = 0.05
+# The journal writer hands records to the OS at least this often (and within a quarter of ``flush_interval``, so a
+# SIGKILL loses nothing older than that with room to spare). Each batch wakes the writer twice (its first record, the
+# end of the wait), and each wake-up takes the GIL from the training thread: at 0.05 s a CPU training on every core
+# was preempted ~350 times in 60 steps against ~30 without rllog, at 0.25 s ~150 (docs/decisions.md). The end of
+# ``train()`` does not wait for a batch: ``Run.request_flush`` wakes the writer.
+JOURNAL_WRITE_INTERVAL = 0.25
 # How often ``Run.flush`` reads the sinks' cursors while it waits (a read of six cursor files: ~0.2 ms, on a training
 # thread that has nothing else to do then; a 5 ms pace adds 2.5 ms on average to the end of each train()), and, past
 # FLUSH_FAST_POLL_FOR seconds (a tracker that is slow or retrying), the slower pace that costs next to no CPU.

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pyarrow as pa
+import pytest
 from sinks import thread_wakeups
 
 from rllog import journal
@@ -104,7 +105,7 @@ def test_corrupt_frame_is_not_fatal(tmp_path, caplog):
 
 CHILD = r"""
 import sys, time, rllog
-run = rllog.init(report_to="none", run_dir=sys.argv[1], flush_interval=0.2)
+run = rllog.init(report_to="none", run_dir=sys.argv[1], flush_interval=float(sys.argv[2]))
 i = 0
 while True:
     i += 1
@@ -114,13 +115,15 @@ while True:
 """
 
 
-def test_sigkill_loses_nothing_older_than_flush_interval(tmp_path):
-    flush_interval = 0.2
+@pytest.mark.parametrize("flush_interval", [0.2, 1.0])
+def test_sigkill_loses_nothing_older_than_flush_interval(tmp_path, flush_interval):
+    """1.0 is the default: the writer then batches for 0.25 s (a quarter of it), 0.05 s at 0.2."""
     for trial in range(3):
         run_dir = tmp_path / f"r{trial}"
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir)], stdout=subprocess.PIPE, text=True)
+        command = [sys.executable, "-c", CHILD, str(run_dir), str(flush_interval)]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         logged = []
-        target = 150 + 97 * trial
+        target = round((150 + 97 * trial) * flush_interval / 0.2)
         for line in proc.stdout:
             seq, t = line.split()
             logged.append((int(seq), float(t)))

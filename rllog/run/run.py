@@ -57,7 +57,7 @@ class Run(RunBase):
     """One training run. Create it with :func:`rllog.init`.
 
     Args:
-        flush_interval: seconds. Every record reaches the journal (the OS) within half of it (at most
+        flush_interval: seconds. Every record reaches the journal (the OS) within a quarter of it (at most
             :data:`JOURNAL_WRITE_INTERVAL`), and every sink is flushed (its cursor moved) at least this often
             while records flow; ``flush()`` asks for a flush at once.
         quiet: print nothing: neither ``init``'s line naming the run directory nor ``finish``'s line per tracker
@@ -130,7 +130,7 @@ class Run(RunBase):
         self._followers: list[Any] = []
         self._writer = JournalWriter(
             self.run_dir,
-            min(self.flush_interval / 2, JOURNAL_WRITE_INTERVAL),
+            min(self.flush_interval / 4, JOURNAL_WRITE_INTERVAL),
             next_seq=next_seq,
             on_written=self._check_health if self._monitor else None,
             on_landed=self._wake_asked_followers,
