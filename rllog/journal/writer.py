@@ -262,9 +262,9 @@ class JournalWriter:
 
     def _wait_for_work(self) -> None:
         """Sleep, with no timer, while nothing is pending: every wake-up of this thread takes the GIL from a training
-        thread, which then waits to take it back (a 50 ms tick with nothing to write made the training thread
-        block 20 more times a second, on a GPU a few dozen times a step). ``_idle`` is set before ``_pending`` is looked at, so an
-        ``append`` racing with the look either is seen here or sees ``_idle`` and sets ``_work``."""
+        thread, which then waits to take it back (a 50 ms tick with nothing to write made the training thread block
+        20 more times a second, on a GPU a few dozen times a step). ``_idle`` is set before ``_pending`` is looked
+        at, so an ``append`` racing with the look either is seen here or sees ``_idle`` and sets ``_work``."""
         self._work.clear()
         self._idle = True
         if self._pending or self._frames or self._closed.is_set():
