@@ -466,6 +466,8 @@ def page(results: dict, meta: dict) -> str:
         "Method: every measured configuration runs in its own fresh process, one at a time (never two at once on this 2-core "
         "machine), with every tracker offline and writing under a temporary directory (`rllog.offline.OFFLINE_ENV`, as in the tests). "
         "Times are wall-clock (`perf_counter_ns`); medians and p99 are over the calls of one process, ratios are between medians. "
+        "The benchmark's own process waits for each case without waking (a blocking `waitpid`; `Popen.wait` with a timeout "
+        "polls every 50 ms, which preempted the measured training thread ~10 times a second). "
         "The machine is shared: the load average below says how busy it was.",
         "",
         "![benchmarks](benchmarks.png)",
