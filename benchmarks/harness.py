@@ -240,6 +240,9 @@ def wait_without_polling(proc: subprocess.Popen, timeout: float) -> int | str:
     timer.start()
     try:
         code = proc.wait()
+    except BaseException:  # an interrupted benchmark leaves no case running (as subprocess.run)
+        proc.kill()
+        raise
     finally:
         timer.cancel()
     return "timeout" if expired.is_set() else code
