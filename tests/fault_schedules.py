@@ -285,6 +285,21 @@ def start(f):
         out.write(f"M {f['kind']} {f['at']}\n")
 
 
+def window(f):
+    return f["kind"], f["at"], f["until"]
+
+
+def lower_limit(f, pid, which):
+    # The limit pid had before the first open window of f's kind lowered it. Windows of one kind may overlap: the
+    # last of them to end gives every agent its limit from before the first (a window that saved the limit an earlier
+    # one had lowered left the agent without descriptors for the rest of the run: seed 16877).
+    held = limits.setdefault(f["kind"], {"open": set(), "saved": {}})
+    held["open"].add(window(f))
+    if pid not in held["saved"]:
+        held["saved"][pid] = (which, resource.prlimit(pid, which))
+    return held["saved"][pid][1]
+
+
 def apply(f):
     kind, arg = f["kind"], f["arg"]
     pid = agent_pid()
@@ -298,16 +313,14 @@ def apply(f):
     elif kind in spec["sink_modes"]:
         set_mode(spec["sink_modes"][kind])
     elif kind == "agent_nofile" and pid:
-        old = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+        old = lower_limit(f, pid, resource.RLIMIT_NOFILE)
         used = len(os.listdir(f"/proc/{pid}/fd"))
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + int(arg), old[1]))
-        limits[kind] = (pid, resource.RLIMIT_NOFILE, old)
     elif kind == "agent_memory" and pid:
-        old = resource.prlimit(pid, resource.RLIMIT_AS)
+        old = lower_limit(f, pid, resource.RLIMIT_AS)
         status = open(f"/proc/{pid}/status").read()
         vm = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
         resource.prlimit(pid, resource.RLIMIT_AS, (vm + int(arg) * 1024 * 1024, old[1]))
-        limits[kind] = (pid, resource.RLIMIT_AS, old)
     elif kind == "clock_jump":
         clock["offset"] = float(arg)
     elif kind == "journal_damage":
@@ -336,12 +349,14 @@ def end(f):
         stopped.clear()
     elif kind in spec["sink_modes"]:
         set_mode("ok")
-    elif kind in limits:
-        pid, which, old = limits.pop(kind)
-        try:
-            resource.prlimit(pid, which, old)
-        except ProcessLookupError:
-            pass
+    elif kind in limits and window(f) in limits[kind]["open"]:
+        limits[kind]["open"].discard(window(f))
+        if not limits[kind]["open"]:
+            for pid, (which, old) in limits.pop(kind)["saved"].items():
+                try:
+                    resource.prlimit(pid, which, old)
+                except ProcessLookupError:
+                    pass
     elif kind == "clock_jump":
         clock["offset"] = 0.0
 
