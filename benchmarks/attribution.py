@@ -398,6 +398,15 @@ def agent_attribution(agent: dict, steps: int) -> tuple[list[list], list[list], 
     return sink_rows, rows, total - probe
 
 
+def _share(own: float, beside: float, training_thread: float) -> str:
+    """``train()`` as a multiple of the same training without rllog's CPU in the trainer: ``own`` seconds on the
+    training thread (``beside`` more on rllog's threads, counted as if they held the training thread up). A ratio
+    within one run, so the machine's speed, which moves the wall clock 20-50% here, cancels out."""
+    if training_thread <= own:
+        return ""
+    return f"{(training_thread + beside) / (training_thread - own):.3f}x"
+
+
 def render(results: dict) -> str:
     steps = results["steps"]
     train = results.get("train", {})
@@ -417,7 +426,7 @@ def render(results: dict) -> str:
     thread_groups = ["training thread", "rllog-journal", "native threads (torch)", "other rllog threads", "other threads"]
     for mode, result in train.items():
         if "error" in result:
-            rows.append([MODE_LABELS[mode], "error", *[""] * (9 + len(categories))])
+            rows.append([MODE_LABELS[mode], "error", *[""] * (11 + len(categories))])
             continue
         groups = dict.fromkeys(thread_groups, 0.0)
         for name, cpu in result["train_threads_cpu_s"].items():
@@ -431,6 +440,8 @@ def render(results: dict) -> str:
                 else "other threads"
             )
             groups[key] += cpu
+        own = sum(result["training_thread_rllog_s"].values())
+        rllog_threads = groups["rllog-journal"] + groups["other rllog threads"]
         rows.append(
             [
                 MODE_LABELS[mode],
@@ -441,6 +452,8 @@ def render(results: dict) -> str:
                 result["train_cpu_s"],
                 *(groups[g] for g in thread_groups),
                 *(result["training_thread_rllog_s"].get(c, 0.0) * 1e3 for c in categories),
+                _share(own, 0.0, groups["training thread"]),
+                _share(own, rllog_threads, groups["training thread"]),
                 result["finish_cpu_s"],
                 result["train_s"],
                 result["script_s"],
@@ -457,6 +470,8 @@ def render(results: dict) -> str:
                 "train()",
                 *(f"train(): {g}" for g in thread_groups),
                 *(f"of the training thread, ms: {c}" for c in categories),
+                "train() from the trainer's side: x of the same training without rllog's part",
+                "the same, rllog's threads counted as if on the training thread",
                 "finish",
                 "train() wall s",
                 "script wall s",

@@ -130,6 +130,8 @@ def resolve(name: str) -> Backend:
         UnknownBackend: with the available names and a close match, if any.
     """
     key = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in BUILTIN:  # no entry point may shadow it: no need to read every installed package's metadata
+        return BUILTIN[key]
     known = backends()
     if key not in known:
         known = backends(refresh=True)

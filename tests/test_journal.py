@@ -165,6 +165,24 @@ def test_tables_are_encoded_on_the_thread_that_logs_them(tmp_path, monkeypatch):
     assert rllog.read_table(tmp_path / "run", "completions").column("step").to_pylist() == [0, 0, 1, 1, 2, 2]
 
 
+def test_a_tables_journal_bytes_do_not_depend_on_pyarrows_legacy_format_variables(tmp_path, monkeypatch):
+    """pyarrow's IPC writer reads ARROW_PRE_0_15_IPC_FORMAT from the environment for every stream it opens unless
+    given its options: set, a journal's tables were written in the pre-0.15 format (and every table paid eight
+    environment lookups on the training thread)."""
+    from rllog.journal.format import encode_table
+
+    table = pa.table({"step": [3, 3], "prompt": ["a", "b"], "reward": [0.5, -1.0]})
+    plain = encode_table(7, 3, 1.5, "completions", table)
+    monkeypatch.setenv("ARROW_PRE_0_15_IPC_FORMAT", "1")
+    monkeypatch.setenv("ARROW_PRE_1_0_METADATA_VERSION", "1")
+    assert encode_table(7, 3, 1.5, "completions", table) == plain
+    w = JournalWriter(tmp_path)
+    w.append(TableRecord(1, 3, 1.5, "completions", table))
+    w.close("finished")
+    (read,) = [r for r in read_all(tmp_path) if isinstance(r, TableRecord)]
+    assert (read.seq, read.step, read.name, read.table.to_pydict()) == (1, 3, "completions", table.to_pydict())
+
+
 def test_wait_written_returns_when_the_entry_is_handed_to_the_os(tmp_path):
     w = JournalWriter(tmp_path, write_interval=30.0)  # no tick during the test: only wake() writes
     w.append(PendingMetrics(1, 0, 1.0, {"v": 1.0}))

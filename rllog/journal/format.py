@@ -112,10 +112,16 @@ def encode_metrics(seq: int, step: int, t: float, values: dict[str, float]) -> b
     return frame(KIND_METRICS, seq, json.dumps({"step": step, "time": t, "values": values}, separators=(",", ":")).encode())
 
 
+# Given, pyarrow's writer does not read ARROW_PRE_0_15_IPC_FORMAT and ARROW_PRE_1_0_METADATA_VERSION from the
+# environment for every table (eight lookups, on the training thread): the journal's tables are the current
+# format whatever the environment says.
+IPC_OPTIONS = pa.ipc.IpcWriteOptions()
+
+
 def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> bytes:
     header = json.dumps({"step": step, "time": t, "name": name}).encode()
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as stream:
+    with pa.ipc.new_stream(sink, table.schema, options=IPC_OPTIONS) as stream:
         stream.write_table(table)
     return frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
 
