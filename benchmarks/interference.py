@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +30,20 @@ from harness import SIX, md_table, progress, run_case
 
 SCRIPT = Path(__file__).resolve()
 PERIOD = 0.6  # seconds per phase: ~15 steps of the tiny model, long enough for whole steps inside a phase
+# Synthetic neighbours for ``report_to="none"``, on the CPU the training thread does not use, paused and resumed
+# like the agent: which kind of work on the other core slows training (the agent's is Python, SQLite and small
+# writes; a tracker that streams memory would be the other kind).
+NEIGHBOURS = {
+    "a CPU-bound loop": "x = 0\nwhile True:\n    x = (x * 7 + 1) % 1000003\n",
+    "Python work on small dicts (JSON)": (
+        "import json\nd = [{f'k{i}': float(i) for i in range(30)} for _ in range(200)]\n"
+        "while True:\n    json.loads(json.dumps(d))\n"
+    ),
+    "memory streaming (128 MB copies)": (
+        "import numpy as np\na = np.ones(16 * 2**20 // 2); b = np.empty_like(a)\n"
+        "while True:\n    np.copyto(b, a); np.copyto(a, b)\n"
+    ),
+}
 
 
 class PhasedClock(end_to_end.CpuClock):
@@ -84,6 +100,14 @@ def case_phased(params: dict, workdir: Path) -> dict:
         def on_train_end(self, args, state, control, **kwargs):
             PhasedClock.steps.append((time.perf_counter(), time.thread_time()))
 
+    neighbour = None
+    if params.get("neighbour"):  # the training on CPU 0, the load on CPU 1, toggled in place of the agent
+        os.sched_setaffinity(0, {0})
+        code = f"import os\nos.sched_setaffinity(0, {{1}})\n{NEIGHBOURS[params['neighbour']]}"
+        neighbour = subprocess.Popen([sys.executable, "-c", code])
+        end_to_end.CpuClock = lambda agent_pid: PhasedClock(lambda: neighbour.pid)  # type: ignore[assignment,misc]
+    else:
+        end_to_end.CpuClock = PhasedClock
     make = end_to_end.grpo_trainer
 
     def grpo_trainer(*args, **kwargs):
@@ -92,8 +116,12 @@ def case_phased(params: dict, workdir: Path) -> dict:
         return trainer
 
     end_to_end.grpo_trainer = grpo_trainer
-    end_to_end.CpuClock = PhasedClock
-    return end_to_end.case_grpo(params, workdir)
+    try:
+        return end_to_end.case_grpo(params, workdir)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
 
 
 CASES = {"phased": case_phased}
@@ -112,6 +140,11 @@ def run(quick: bool, tmp: Path) -> dict:
         params = {"mode": "rllog", "delivery": "process", "warm": False, "prepare": True, "sinks": sinks, "steps": steps}
         result = run_case(SCRIPT, "phased", params, tmp, timeout=900)
         rows.append({"sinks": sinks, **result})
+    for name in [] if quick else NEIGHBOURS:
+        progress(f"interference: report_to='none' beside {name} on the other CPU, {steps} steps")
+        params = {"mode": "none", "delivery": "process", "warm": False, "steps": steps, "neighbour": name}
+        result = run_case(SCRIPT, "phased", params, tmp, timeout=900)
+        rows.append({"sinks": [f"none, beside {name}"], **result})
     return {"steps": steps, "period": PERIOD, "rows": rows}
 
 
@@ -134,13 +167,14 @@ def render(results: dict) -> str:
         )
     head = [
         "sinks",
-        "training thread CPU ms/step, agent paused (steps)",
-        "agent working (steps)",
+        "training thread CPU ms/step, agent (or neighbour) paused (steps)",
+        "working (steps)",
         "working / paused",
-        "agent CPU",
+        "its CPU",
     ]
-    return f"Tiny GRPO, {results['steps']} steps, the agent paused/resumed every {results['period']} s:\n\n" + md_table(
-        head, table
+    return (
+        f"Tiny GRPO, {results['steps']} steps, the agent (or the neighbour) paused/resumed every {results['period']} s:\n\n"
+        + md_table(head, table)
     )
 
 
