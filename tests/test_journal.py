@@ -167,7 +167,7 @@ def test_tables_are_encoded_on_the_thread_that_logs_them(tmp_path, monkeypatch):
 
 def test_a_tables_journal_bytes_do_not_depend_on_pyarrows_legacy_format_variables(tmp_path, monkeypatch):
     """pyarrow's IPC writer reads ARROW_PRE_0_15_IPC_FORMAT from the environment for every stream it opens unless
-    given its options: set, a journal's tables were written in the pre-0.15 format (and every table paid eight
+    given its options: set, a journal's tables were written in the pre-0.15 format (and every table paid the
     environment lookups on the training thread)."""
     from rllog.journal.format import encode_table
 

@@ -113,7 +113,7 @@ def encode_metrics(seq: int, step: int, t: float, values: dict[str, float]) -> b
 
 
 # Given, pyarrow's writer does not read ARROW_PRE_0_15_IPC_FORMAT and ARROW_PRE_1_0_METADATA_VERSION from the
-# environment for every table (eight lookups, on the training thread): the journal's tables are the current
+# environment for every table (on the training thread): the journal's tables are the current
 # format whatever the environment says.
 IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
