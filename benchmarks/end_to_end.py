@@ -517,7 +517,98 @@ def fresh_targets(fresh: dict) -> list[dict]:
     return out
 
 
-CASES = {"grpo": case_grpo, "series": case_series, "whole": case_whole}
+PAIRED_KEYS = ("a", "cpp", "c0p")
+PAIRED_ROUNDS_PER_PROCESS = 8  # several processes: a process's memory layout is one draw, and its speed can stick to it
+PAIRED_STEPS = 60
+PAIRED_MIN_ROUNDS = 8  # fewer rounds give an interval, but no verdict: a bootstrap of two or three values is no test
+
+
+def case_paired(params: dict, workdir: Path) -> dict:
+    """Rounds of ``params["keys"]`` (``FRESH``'s configurations) in this one process, both torch threadings in each
+    round, after an untimed warm-up of each. Neighbouring trainings share the machine's speed, which moves by more
+    than a few percent from one process to the next here. Each rllog training calls ``rllog.prepare`` just before its
+    trainer is built (a new agent each time, as in a script whose model loads in a second) and ``finish``es."""
+    import torch
+
+    import rllog
+    from rllog import demo
+
+    every_core = torch.get_num_threads()
+    model_dir = demo.build_tiny_model(str(workdir / "model"))
+    keys, steps = tuple(params["keys"]), params["steps"]
+
+    def train(key: str, threads: str, name: str, steps: int) -> dict:
+        torch.set_num_threads(1 if threads == "one" else every_core)
+        config = FRESH[key] | {"steps": steps}
+        if config.get("prepare"):
+            rllog.prepare(config.get("sinks", SIX))
+        return train_once(config, model_dir, workdir / name)
+
+    for key in keys:  # rllog's own lazy imports happen here, once, as in any process
+        train(key, "one", f"warmup-{key}", 6)
+    runs = []
+    for round_ in range(params["rounds"]):
+        shift = round_ % len(keys)
+        order = keys[shift:] + keys[:shift]
+        for threads in params["threads"] if round_ % 2 == 0 else tuple(reversed(params["threads"])):
+            for key in order if round_ % 2 == 0 else tuple(reversed(order)):
+                result = train(key, threads, f"r{round_}-{threads}-{key}", steps)
+                runs.append({"key": key, "round": round_, "threads": threads, "steps": steps, **result})
+    return {"runs": runs, "threads_every_core": every_core}
+
+
+def paired_series(tmp: Path, budget: float, steps: int = PAIRED_STEPS, save: Path | None = None) -> dict:
+    """``case_paired`` in one process after another, ``PAIRED_ROUNDS_PER_PROCESS`` rounds each, until ``budget``
+    seconds would be exceeded; the rounds are numbered across processes. ``save``: rewritten after each process."""
+    runs: list[dict] = []
+    started, last, process = time.perf_counter(), 0.0, 0
+    while process == 0 or budget - (time.perf_counter() - started) > last:
+        progress(f"end to end, paired rounds in one process: process {process}, {len(runs)} trainings so far")
+        t = time.perf_counter()
+        params = {"keys": PAIRED_KEYS, "steps": steps, "rounds": PAIRED_ROUNDS_PER_PROCESS, "threads": harness.THREAD_MODES}
+        result = run_case(SCRIPT, "paired", params, tmp, timeout=max(budget, 600), threads="default")
+        last = time.perf_counter() - t
+        base = process * PAIRED_ROUNDS_PER_PROCESS
+        runs += [r | {"round": base + r["round"], "process": process} for r in result.get("runs", [])]
+        process += 1
+        if save is not None:
+            save.write_text(json.dumps({"runs": runs}, indent=1, default=float))
+        if "error" in result:
+            break
+    return {"runs": runs}
+
+
+def paired_targets(paired: dict) -> list[dict]:
+    """Issue 34's ``train()`` targets from paired rounds: the geometric mean of the per-round ratios with a 95%
+    bootstrap interval over rounds; met when the whole interval is at or below the target, missed when all of it is
+    above, otherwise not settled by these rounds."""
+    out = []
+    for threads, by_key in FRESH_TARGETS.items():
+        for key, limits in by_key.items():
+            for steps, ratios in sorted(fresh_ratios(paired, threads, key, "train_s").items()):
+                limit = limits.get(steps, limits.get(None))
+                if limit is None or len(ratios) < 2:
+                    continue
+                mean, low, high = harness.geometric_mean_interval(ratios)
+                out.append(
+                    {
+                        "what": f"paired rounds, {THREADS_LABELS[threads].split(' (')[0]}: train() with {FRESH_LABELS[key]}, "
+                        f"{steps} steps / (a) none",
+                        "target": f"<= {limit}x",
+                        "measured": f"{fmt_ratio(mean)} (95% interval {low:.3f}-{high:.3f}, {len(ratios)} rounds)",
+                        "met": None
+                        if len(ratios) < PAIRED_MIN_ROUNDS
+                        else True
+                        if high <= limit
+                        else False
+                        if low > limit
+                        else None,
+                    }
+                )
+    return out
+
+
+CASES = {"grpo": case_grpo, "series": case_series, "whole": case_whole, "paired": case_paired}
 
 # The fresh-process comparison is a marked part of docs/benchmarks.md, so that ``--fresh-only --write-doc`` can
 # refresh it alone (on a quiet machine) without the rest of the page.
@@ -569,6 +660,15 @@ def render_fresh(fresh: dict) -> str:
     )
 
 
+def render_paired(paired: dict) -> str:
+    """Issue 34's train() targets from paired rounds, with their intervals."""
+    rows = [
+        [t["what"], t["target"], t["measured"], "**not settled**" if t["met"] is None else verdict(t["met"])]
+        for t in paired_targets(paired)
+    ]
+    return md_table(["target", "wanted", "measured", "result"], rows)
+
+
 def replace_doc_part(text: str, begin: str, end: str, part: str) -> str:
     """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``part`` (appended, with its
     markers, when the text has none)."""
@@ -599,9 +699,19 @@ def main() -> None:
     parser.add_argument("--write-doc", action="store_true", help="with --fresh-only: write it into docs/benchmarks.md")
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--budget", type=float, help="with --fresh-only: seconds; no round is started that would not fit")
+    parser.add_argument(
+        "--paired",
+        type=float,
+        metavar="SECONDS",
+        help="only issue 34's train() targets, from rounds in one process (several processes), for this many seconds",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
-        if args.fresh_only:
+        if args.paired:
+            results = paired_series(Path(tmp), args.paired, save=Path(args.json) if args.json else None)
+            results["measured"] = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
+            text = render_paired(results)
+        elif args.fresh_only:
             lengths = [60] if args.quick else [60, 240]
             rounds = args.rounds or (1 if args.quick else FRESH_ROUNDS)
             modes = harness.THREAD_MODES if args.threads == "both" else (args.threads,)

@@ -177,6 +177,19 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+BOOTSTRAP_RESAMPLES = 4000
+
+
+def geometric_mean_interval(ratios: list[float], level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """The geometric mean of ``ratios`` and its ``level`` percentile bootstrap interval (resampling the ratios, a
+    fixed seed so that the same rounds always give the same interval). A geometric mean, as 1.1x and 1/1.1x cancel."""
+    logs = [math.log(r) for r in ratios]
+    draw = random.Random(seed)
+    means = sorted(statistics.fmean(draw.choices(logs, k=len(logs))) for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = round((1 - level) / 2 * BOOTSTRAP_RESAMPLES)
+    return math.exp(statistics.fmean(logs)), math.exp(means[tail]), math.exp(means[-1 - tail])
+
+
 def ratio(a: float | None, b: float | None) -> float:
     if a is None or b is None or not b or math.isnan(a) or math.isnan(b):
         return math.nan
