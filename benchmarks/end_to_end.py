@@ -520,6 +520,10 @@ def fresh_targets(fresh: dict) -> list[dict]:
 PAIRED_KEYS = ("a", "cpp", "c0p")
 PAIRED_ROUNDS_PER_PROCESS = 8  # several processes: a process's memory layout is one draw, and its speed can stick to it
 PAIRED_STEPS = 60
+PAIRED_LABELS = {
+    "c0p": "five trackers + parquet, `rllog.prepare` as the trainer is built",
+    "cpp": "parquet alone, `rllog.prepare` as the trainer is built",
+}
 PAIRED_MIN_ROUNDS = 8  # fewer rounds give an interval, but no verdict: a bootstrap of two or three values is no test
 
 
@@ -592,7 +596,7 @@ def paired_targets(paired: dict) -> list[dict]:
                 mean, low, high = harness.geometric_mean_interval(ratios)
                 out.append(
                     {
-                        "what": f"paired rounds, {THREADS_LABELS[threads].split(' (')[0]}: train() with {FRESH_LABELS[key]}, "
+                        "what": f"paired rounds, {THREADS_LABELS[threads].split(' (')[0]}: train() with {PAIRED_LABELS[key]}, "
                         f"{steps} steps / (a) none",
                         "target": f"<= {limit}x",
                         "measured": f"{fmt_ratio(mean)} (95% interval {low:.3f}-{high:.3f}, {len(ratios)} rounds)",

@@ -108,3 +108,36 @@ def test_the_whole_script_target_is_the_none_script_plus_the_trackers_floor_roun
     fresh["runs"][3]["process_wall_s"] = 45.0
     assert end_to_end.fresh_targets(fresh)[-1]["met"] is False  # median of 1.05 and 1.125
     assert end_to_end.floor_ratios({"runs": fresh["runs"]}) == {}  # not measured: no target
+
+
+def test_paired_rounds_give_a_verdict_only_when_the_interval_is_on_one_side_of_the_target():
+    """Issue 34's train() targets from paired rounds: the geometric mean of each round's ratio to (a) of the same round
+    and threading, with a bootstrap interval; met or missed only when the interval lies wholly on one side."""
+    mean, low, high = harness.geometric_mean_interval([1.1, 1 / 1.1] * 6)
+    assert mean == pytest.approx(1.0) and low < 1.0 < high
+    assert harness.geometric_mean_interval([1.1, 1 / 1.1] * 6) == (mean, low, high)  # the same rounds, the same interval
+    assert harness.geometric_mean_interval([1.02] * 10) == pytest.approx((1.02, 1.02, 1.02))
+
+    def rounds(threads, key, ratios):
+        runs = []
+        for i, r in enumerate(ratios):
+            runs += [
+                {"key": "a", "round": i, "steps": 60, "threads": threads, "train_s": 10.0},
+                {"key": key, "round": i, "steps": 60, "threads": threads, "train_s": 10.0 * r},
+            ]
+        return runs
+
+    paired = {
+        "runs": rounds("one", "cpp", [1.00, 1.01, 1.02, 1.01] * 3)  # all below 1.03x: met
+        + rounds("default", "cpp", [1.08, 1.10, 1.09, 1.12] * 3)  # all above 1.03x: missed
+        + rounds("one", "c0p", [0.90, 1.20] * 6)  # straddles 1.03x: not settled
+        + rounds("default", "c0p", [1.00, 1.01, 1.00])  # too few rounds for a verdict
+    }
+    found = {
+        ("(ii)" if "(ii)" in t["what"] else "(i)", "parquet alone" in t["what"]): t for t in end_to_end.paired_targets(paired)
+    }
+    assert found[("(i)", True)]["met"] is True and "12 rounds" in found[("(i)", True)]["measured"]
+    assert found[("(ii)", True)]["met"] is False
+    assert found[("(i)", False)]["met"] is None
+    assert found[("(ii)", False)]["met"] is None and found[("(ii)", False)]["target"] == "<= 1.15x"
+    assert end_to_end.render_paired(paired).count("**not settled**") == 2
