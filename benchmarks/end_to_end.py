@@ -484,7 +484,9 @@ def render_both_ways(fresh: dict) -> str:
 
 
 def fresh_targets(fresh: dict) -> list[dict]:
-    """Issue 34's targets for ``train()`` (start-up included, fresh processes), per torch threading."""
+    """Issue 34's targets for ``train()`` (start-up included, fresh processes), per torch threading, and for the whole
+    script against the trackers' floor; each settled by the 95% interval of its per-round ratios
+    (``harness.interval_verdict``), or not settled."""
     out = []
     for threads, by_key in FRESH_TARGETS.items():
         for key, limits in by_key.items():
@@ -492,26 +494,26 @@ def fresh_targets(fresh: dict) -> list[dict]:
                 limit = limits.get(steps, limits.get(None))
                 if limit is None:
                     continue
-                m = median(ratios)
+                met, measured = harness.interval_verdict(ratios, limit)
                 out.append(
                     {
                         "what": f"fresh process, {THREADS_LABELS[threads].split(' (')[0]}: train() with {FRESH_LABELS[key]}, "
                         f"{steps} steps / (a) none",
                         "target": f"<= {limit}x",
-                        "measured": fmt_ratio(m) + " (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")",
-                        "met": m <= limit,
+                        "measured": measured,
+                        "met": met,
                     }
                 )
     for steps, ratios in sorted(floor_ratios(fresh).items()):
-        m = median(ratios)
         floor = sum(fresh["floor"][str(steps)].values())
+        met, measured = harness.interval_verdict(ratios, FLOOR_MARGIN)
         out.append(
             {
                 "what": f"fresh process, {THREADS_LABELS['default'].split(' (')[0]}: the whole script with "
                 f"{FRESH_LABELS['c0p']}, {steps} steps / ((a) none's + the five trackers' own {floor:.1f} CPU s)",
                 "target": f"<= {FLOOR_MARGIN}x",
-                "measured": fmt_ratio(m) + " (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")",
-                "met": m <= FLOOR_MARGIN,
+                "measured": measured,
+                "met": met,
             }
         )
     return out
@@ -524,7 +526,6 @@ PAIRED_LABELS = {
     "c0p": "five trackers + parquet, `rllog.prepare` as the trainer is built",
     "cpp": "parquet alone, `rllog.prepare` as the trainer is built",
 }
-PAIRED_MIN_ROUNDS = 8  # fewer rounds give an interval, but no verdict: a bootstrap of two or three values is no test
 
 
 def case_paired(params: dict, workdir: Path) -> dict:
@@ -583,30 +584,22 @@ def paired_series(tmp: Path, budget: float, steps: int = PAIRED_STEPS, save: Pat
 
 
 def paired_targets(paired: dict) -> list[dict]:
-    """Issue 34's ``train()`` targets from paired rounds: the geometric mean of the per-round ratios with a 95%
-    bootstrap interval over rounds; met when the whole interval is at or below the target, missed when all of it is
-    above, otherwise not settled by these rounds."""
+    """Issue 34's ``train()`` targets from paired rounds (``case_paired``), settled as ``fresh_targets``'."""
     out = []
     for threads, by_key in FRESH_TARGETS.items():
         for key, limits in by_key.items():
             for steps, ratios in sorted(fresh_ratios(paired, threads, key, "train_s").items()):
                 limit = limits.get(steps, limits.get(None))
-                if limit is None or len(ratios) < 2:
+                if limit is None:
                     continue
-                mean, low, high = harness.geometric_mean_interval(ratios)
+                met, measured = harness.interval_verdict(ratios, limit)
                 out.append(
                     {
                         "what": f"paired rounds, {THREADS_LABELS[threads].split(' (')[0]}: train() with {PAIRED_LABELS[key]}, "
                         f"{steps} steps / (a) none",
                         "target": f"<= {limit}x",
-                        "measured": f"{fmt_ratio(mean)} (95% interval {low:.3f}-{high:.3f}, {len(ratios)} rounds)",
-                        "met": None
-                        if len(ratios) < PAIRED_MIN_ROUNDS
-                        else True
-                        if high <= limit
-                        else False
-                        if low > limit
-                        else None,
+                        "measured": measured.split(" (rounds")[0] + f" ({len(ratios)} rounds)",
+                        "met": met,
                     }
                 )
     return out
@@ -666,10 +659,7 @@ def render_fresh(fresh: dict) -> str:
 
 def render_paired(paired: dict) -> str:
     """Issue 34's train() targets from paired rounds, with their intervals."""
-    rows = [
-        [t["what"], t["target"], t["measured"], "**not settled**" if t["met"] is None else verdict(t["met"])]
-        for t in paired_targets(paired)
-    ]
+    rows = [[t["what"], t["target"], t["measured"], verdict(t["met"])] for t in paired_targets(paired)]
     return md_table(["target", "wanted", "measured", "result"], rows)
 
 
@@ -800,15 +790,14 @@ def round_ratios(results: dict, key: str, base: str = "a") -> list[float]:
 
 
 def targets(results: dict) -> list[dict]:
-    s = summary(results)
     per_round = round_ratios(results, "c")
-    r = median(per_round) if per_round else ratio(s.get("c", {}).get("steady_s"), s.get("a", {}).get("steady_s"))
+    met, text = harness.interval_verdict(per_round, TARGET) if per_round else (None, "-")
     out = [
         {
-            "what": "end to end: (c) rllog mixin / (a) report_to=none, steady training time (median of per-round ratios)",
+            "what": "end to end: (c) rllog mixin / (a) report_to=none, steady training time (per-round ratios)",
             "target": f"<= {TARGET}x",
-            "measured": fmt_ratio(r) + (" (rounds: " + ", ".join(f"{x:.2f}" for x in per_round) + ")" if per_round else ""),
-            "met": r <= TARGET if r == r else False,
+            "measured": text,
+            "met": met,
         }
     ]
     whole = [
@@ -821,13 +810,13 @@ def targets(results: dict) -> list[dict]:
         if part == "fresh":  # these targets are the pinned case's; fresh_targets covers both
             measured = {"runs": [r for r in measured.get("runs", []) if r.get("threads", "one") == "one"]}
         for steps, ratios in sorted(whole_ratios(measured, key, measure).items()):
-            m = median(ratios)
+            met, text = harness.interval_verdict(ratios, TARGET)
             out.append(
                 {
                     "what": f"end to end, {what}, {steps} steps, five trackers + parquet / (a) none",
                     "target": f"<= {TARGET}x",
-                    "measured": fmt_ratio(m) + " (rounds: " + ", ".join(f"{x:.2f}" for x in ratios) + ")",
-                    "met": m <= TARGET,
+                    "measured": text,
+                    "met": met,
                 }
             )
     return out + fresh_targets(results.get("fresh", {}))

@@ -506,7 +506,7 @@ def page(results: dict, meta: dict) -> str:
         ),
         "",
     ]
-    missed = [t for t in targets if not t["met"]]
+    missed = [t for t in targets if t["met"] is False]  # None: not settled by the rounds measured
     if missed:
         out += [
             "**Missed:** "
