@@ -483,27 +483,32 @@ def render_both_ways(fresh: dict) -> str:
     )
 
 
-def fresh_targets(fresh: dict) -> list[dict]:
-    """Issue 34's targets for ``train()`` (start-up included, fresh processes), per torch threading, and for the whole
-    script against the trackers' floor; each settled by the 95% interval of its per-round ratios
-    (``harness.interval_verdict``), or not settled."""
+def train_targets(measured: dict, where: str, labels: dict[str, str]) -> list[dict]:
+    """Issue 34's targets for ``train()`` (start-up included) per torch threading, each settled by the 95% interval of
+    its per-round ratios (``harness.interval_verdict``) or not settled; ``where`` and ``labels`` name the design."""
     out = []
     for threads, by_key in FRESH_TARGETS.items():
         for key, limits in by_key.items():
-            for steps, ratios in sorted(fresh_ratios(fresh, threads, key, "train_s").items()):
+            for steps, ratios in sorted(fresh_ratios(measured, threads, key, "train_s").items()):
                 limit = limits.get(steps, limits.get(None))
                 if limit is None:
                     continue
-                met, measured = harness.interval_verdict(ratios, limit)
+                met, text = harness.interval_verdict(ratios, limit)
                 out.append(
                     {
-                        "what": f"fresh process, {THREADS_LABELS[threads].split(' (')[0]}: train() with {FRESH_LABELS[key]}, "
+                        "what": f"{where}, {THREADS_LABELS[threads].split(' (')[0]}: train() with {labels[key]}, "
                         f"{steps} steps / (a) none",
                         "target": f"<= {limit}x",
-                        "measured": measured,
+                        "measured": text,
                         "met": met,
                     }
                 )
+    return out
+
+
+def fresh_targets(fresh: dict) -> list[dict]:
+    """``train_targets`` of fresh processes, and the whole script against the trackers' floor, settled the same way."""
+    out = train_targets(fresh, "fresh process", FRESH_LABELS)
     for steps, ratios in sorted(floor_ratios(fresh).items()):
         floor = sum(fresh["floor"][str(steps)].values())
         met, measured = harness.interval_verdict(ratios, FLOOR_MARGIN)
@@ -584,25 +589,8 @@ def paired_series(tmp: Path, budget: float, steps: int = PAIRED_STEPS, save: Pat
 
 
 def paired_targets(paired: dict) -> list[dict]:
-    """Issue 34's ``train()`` targets from paired rounds (``case_paired``), settled as ``fresh_targets``'."""
-    out = []
-    for threads, by_key in FRESH_TARGETS.items():
-        for key, limits in by_key.items():
-            for steps, ratios in sorted(fresh_ratios(paired, threads, key, "train_s").items()):
-                limit = limits.get(steps, limits.get(None))
-                if limit is None:
-                    continue
-                met, measured = harness.interval_verdict(ratios, limit)
-                out.append(
-                    {
-                        "what": f"paired rounds, {THREADS_LABELS[threads].split(' (')[0]}: train() with {PAIRED_LABELS[key]}, "
-                        f"{steps} steps / (a) none",
-                        "target": f"<= {limit}x",
-                        "measured": measured.split(" (rounds")[0] + f" ({len(ratios)} rounds)",
-                        "met": met,
-                    }
-                )
-    return out
+    """``train_targets`` of paired rounds (``case_paired``)."""
+    return train_targets(paired, "paired rounds", PAIRED_LABELS)
 
 
 CASES = {"grpo": case_grpo, "series": case_series, "whole": case_whole, "paired": case_paired}

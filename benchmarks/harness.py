@@ -193,12 +193,15 @@ def geometric_mean_interval(ratios: list[float], level: float = 0.95) -> tuple[f
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+ROUNDS_LISTED = 12  # more rounds than this are counted, not listed
+
+
 def interval_verdict(ratios: list[float], limit: float) -> tuple[bool | None, str]:
     """Whether per-round ratios meet ``<= limit``: met when their 95% interval lies at or below it, missed when it lies
     above, else not settled (None); and the measurement as text."""
     mean, low, high = geometric_mean_interval(ratios)
     met = True if high <= limit else False if low > limit else None
-    rounds = ", ".join(f"{x:.2f}" for x in ratios)
+    rounds = ", ".join(f"{x:.2f}" for x in ratios) if len(ratios) <= ROUNDS_LISTED else f"{len(ratios)}"
     return met, f"{fmt_ratio(mean)}, 95% interval {low:.2f}-{high:.2f} (rounds: {rounds})"
 
 

@@ -136,7 +136,7 @@ def test_paired_rounds_give_a_verdict_only_when_the_interval_is_on_one_side_of_t
         return runs
 
     paired = {
-        "runs": rounds("one", "cpp", [1.00, 1.01, 1.02, 1.01] * 3)  # all below 1.03x: met
+        "runs": rounds("one", "cpp", [1.00, 1.01, 1.02, 1.01] * 4)  # all below 1.03x: met
         + rounds("default", "cpp", [1.08, 1.10, 1.09, 1.12] * 3)  # all above 1.03x: missed
         + rounds("one", "c0p", [0.90, 1.20] * 6)  # straddles 1.03x: not settled
         + rounds("default", "c0p", [1.00, 1.30, 1.10])  # three rounds this spread: not settled
@@ -144,9 +144,9 @@ def test_paired_rounds_give_a_verdict_only_when_the_interval_is_on_one_side_of_t
     found = {
         ("(ii)" if "(ii)" in t["what"] else "(i)", "parquet alone" in t["what"]): t for t in end_to_end.paired_targets(paired)
     }
-    assert found[("(i)", True)]["met"] is True and "12 rounds" in found[("(i)", True)]["measured"]
+    assert found[("(i)", True)]["met"] is True and "(rounds: 16)" in found[("(i)", True)]["measured"]
     assert found[("(ii)", True)]["met"] is False
     assert found[("(i)", False)]["met"] is None
     assert found[("(ii)", False)]["met"] is None and found[("(ii)", False)]["target"] == "<= 1.15x"
-    assert "3 rounds" in found[("(ii)", False)]["measured"]
+    assert "(rounds: 1.00, 1.30, 1.10)" in found[("(ii)", False)]["measured"]
     assert end_to_end.render_paired(paired).count("**not settled**") == 2
