@@ -370,6 +370,14 @@ FRESH_TARGETS = {
 }
 
 
+def round_order(keys: tuple[str, ...], round_: int) -> tuple[str, ...]:
+    """The order of ``keys`` in round ``round_``: rotated by one each round and reversed every other round, so that
+    each configuration runs in each position and after each other one as the rounds go."""
+    shift = round_ % len(keys)
+    order = keys[shift:] + keys[:shift]
+    return order if round_ % 2 == 0 else tuple(reversed(order))
+
+
 def fresh_processes(
     lengths: list[int],
     rounds: int,
@@ -389,9 +397,7 @@ def fresh_processes(
     for threads in threads_modes:
         for steps in lengths:
             for round_ in harness.rounds_within(rounds, budget, since=started):
-                shift = round_ % len(keys)
-                order = keys[shift:] + keys[:shift]
-                for key in order if round_ % 2 == 0 else tuple(reversed(order)):
+                for key in round_order(keys, round_):
                     progress(f"end to end, fresh process, threads={threads}: {key}, {steps} steps, round {round_}")
                     params = FRESH[key] | {"steps": steps, "threads": threads}
                     result = run_case(SCRIPT, "grpo", params, tmp, timeout=900, threads=threads)
@@ -563,10 +569,8 @@ def case_paired(params: dict, workdir: Path) -> dict:
         train(key, "one", f"warmup-{key}", 6)
     runs = []
     for round_ in range(params["rounds"]):
-        shift = round_ % len(keys)
-        order = keys[shift:] + keys[:shift]
         for threads in params["threads"] if round_ % 2 == 0 else tuple(reversed(params["threads"])):
-            for key in order if round_ % 2 == 0 else tuple(reversed(order)):
+            for key in round_order(keys, round_):
                 result = train(key, threads, f"r{round_}-{threads}-{key}", steps)
                 runs.append({"key": key, "round": round_, "threads": threads, "steps": steps, **result})
     return {"runs": runs, "threads_every_core": every_core}
@@ -582,16 +586,12 @@ def paired_series(
     """``case_paired`` in one process after another, ``PAIRED_ROUNDS_PER_PROCESS`` rounds each, until ``budget``
     seconds would be exceeded; the rounds are numbered across processes. ``save``: rewritten after each process."""
     runs: list[dict] = []
-    started, last, process = time.perf_counter(), 0.0, 0
-    while process == 0 or budget - (time.perf_counter() - started) > last:
+    for process in harness.rounds_within(sys.maxsize, budget):
         progress(f"end to end, paired rounds in one process: process {process}, {len(runs)} trainings so far")
-        t = time.perf_counter()
         params = {"keys": PAIRED_KEYS, "steps": steps, "rounds": PAIRED_ROUNDS_PER_PROCESS, "threads": threads_modes}
         result = run_case(SCRIPT, "paired", params, tmp, timeout=max(budget, 600), threads="default")
-        last = time.perf_counter() - t
         base = process * PAIRED_ROUNDS_PER_PROCESS
         runs += [r | {"round": base + r["round"], "process": process} for r in result.get("runs", [])]
-        process += 1
         if save is not None:
             save.write_text(json.dumps({"runs": runs}, indent=1, default=float))
         if "error" in result:

@@ -120,7 +120,8 @@ def test_the_whole_script_target_is_the_none_script_plus_the_trackers_floor_roun
 
 def test_paired_rounds_give_a_verdict_only_when_the_interval_is_on_one_side_of_the_target():
     """Issue 34's train() targets from paired rounds: the geometric mean of each round's ratio to (a) of the same round
-    and threading, with a bootstrap interval; met or missed only when the interval lies wholly on one side."""
+    and threading, with a Student t interval on their logarithms; met or missed only when the interval lies wholly on
+    one side."""
     mean, low, high = harness.geometric_mean_interval([1.1, 1 / 1.1] * 6)
     assert mean == pytest.approx(1.0) and 0.9 < low < 1.0 < high < 1.1
     assert harness.geometric_mean_interval([1.1, 1 / 1.1] * 2)[1] < low  # fewer rounds, a wider interval
