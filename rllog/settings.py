@@ -317,3 +317,7 @@ DEAD_LETTERS_KEPT = 1000  # dead letters listed in the cursor file (the count st
 RETRY_BASE_SECONDS = 0.5
 RETRY_CAP_SECONDS = 30.0
 RETRY_GIVE_UP_SECONDS = 600.0
+# The longest wait a 429's Retry-After is honoured for. A tracker asking for more (an HTTP-date years away, or inf)
+# is asked again after this; finish's deadline and the give-up deadline end the wait sooner. Unbounded, a date in the
+# year 9999 overflows the timer it waits on, and the sink would fail for good.
+RETRY_AFTER_CAP_SECONDS = 3600.0

@@ -10,8 +10,13 @@ directory on a real small tmpfs, and applies each fault itself when it reaches t
 - ``agent_kill``: SIGKILL to the delivery agent; ``agent_stop``: SIGSTOP, SIGCONT when the window ends;
 - ``sink_down`` / ``sink_crash``: the jsonl sink raises ``TransientError`` / ``RuntimeError`` (transient and
   permanent sink errors); ``sink_memory`` / ``sink_emfile``: it raises ``MemoryError`` / ``OSError(EMFILE)``;
+- ``sink_hang``: every call of the jsonl sink blocks until the window ends (a tracker that stops answering);
+- ``sink_rate_limited``: the jsonl sink raises ``RateLimited(retry_after=arg)`` (an HTTP 429; ``arg`` None: no
+  ``Retry-After``; 2.5e11: a ``Retry-After`` date in the year 9999);
 - ``agent_nofile`` / ``agent_memory``: the agent's real ``RLIMIT_NOFILE`` / ``RLIMIT_AS`` lowered (prlimit) to
   ``arg`` above what it uses, restored when the window ends;
+- ``trainer_nofile``: the trainer's own ``RLIMIT_NOFILE`` lowered to ``arg`` above what it uses (a training script
+  that leaks descriptors: its journal writer and agent supervisor run out too), restored when the window ends;
 - ``trainer_kill``: the trainer SIGKILLs itself (the schedule ends there; the agent finishes on its own);
 - ``journal_damage``: one byte of a complete journal frame flipped in place (``arg``: ``payload`` or ``seq``);
 - ``clock_jump``: the trainer's ``time.time`` shifted by ``arg`` seconds (-1 h, +1 day) for the window.
@@ -64,10 +69,15 @@ HEADROOMS = (0, 16 * 1024, 150 * 1024)  # bytes a full disk leaves free: none, l
 CLOCK_JUMPS = (-3600.0, 86400.0)
 NOFILE_SPARE = (2, 8)  # descriptors the agent may still open under a lowered RLIMIT_NOFILE
 MEMORY_SPARE_MB = (1, 24)  # MiB of address space the agent may still map under a lowered RLIMIT_AS
+TRAINER_NOFILE_SPARE = (0, 6)  # descriptors the trainer may still open under its lowered RLIMIT_NOFILE
+# A 429's Retry-After: none given (backoff), short, a second, and an HTTP-date in the year 9999 (2.5e11 s away).
+RETRY_AFTERS = (None, 0.05, 1.0, 2.5e11)
+SHORT_RETRY_AFTER = 5.0  # a 429 asking for at most this is retried well within finish's deadline once its window ends
 # Faults after which every sink must be delivered by finish once they are over (the others may leave a sink failed,
 # dead letters, or a retry backoff longer than finish's deadline).
-RECOVERABLE = ("disk_full", "agent_kill", "agent_stop", "clock_jump", "journal_damage")
+RECOVERABLE = ("disk_full", "agent_kill", "agent_stop", "clock_jump", "journal_damage", "sink_hang", "trainer_nofile")
 DAMAGE_BYTES_PER_FRAME = 4096  # a damaged frame costs its own bytes (a few hundred here): a generous bound
+CRASH_MESSAGE = "crashed on purpose"  # the jsonl sink's permanent error (sink_crash), the one cause of a failed sink
 RESOURCE_ERRORS = ("MemoryError", "EMFILE", "Too many open files", "ENOMEM", "Cannot allocate memory")
 
 WINDOWS = (
@@ -80,13 +90,23 @@ WINDOWS = (
     "agent_nofile",
     "agent_memory",
     "clock_jump",
+    "sink_hang",
+    "sink_rate_limited",
+    "trainer_nofile",
 )
 POINTS = ("agent_kill", "journal_damage", "trainer_kill")
 FAULT_KINDS = WINDOWS + POINTS
-SINK_MODES = {"sink_down": "down", "sink_crash": "crash", "sink_memory": "memory", "sink_emfile": "emfile"}
+SINK_MODES = {
+    "sink_down": "down",
+    "sink_crash": "crash",
+    "sink_memory": "memory",
+    "sink_emfile": "emfile",
+    "sink_hang": "hang",
+    "sink_rate_limited": "rate_limited",
+}
 AGENT_DEATHS = ("agent_kill", "agent_memory", "agent_nofile")  # faults after which the agent may re-send in-flight records
 # A window that may outlast finish (None): a disk full past the deadline, a tracker down or broken for good.
-MAY_OUTLAST_FINISH = ("disk_full", "sink_down", "sink_crash", "clock_jump")
+MAY_OUTLAST_FINISH = ("disk_full", "sink_down", "sink_crash", "clock_jump", "sink_hang", "sink_rate_limited")
 
 INVARIANTS = {
     "trainer_completed": "the trainer logged every record and finish returned (no hang, no exception)",
@@ -104,12 +124,17 @@ INVARIANTS = {
     "dead_letters_listed": "dead letters are journal records the sink does not hold",
     "resource_error_transient": "no sink failed or dead-lettered a record because of MemoryError/EMFILE",
     "follower_survives": "no uncaught exception ends a thread of the agent (agent.log)",
+    "failed_only_for_good": "a sink is reported failed only for an error that is permanent (the jsonl sink's crash): never "
+    "for a 429, a transient error or what the machine ran out of",
     "cause_named": "a sink the agent's log says failed is not reported as merely late ('not delivered before the deadline')",
     "damage_only_where_damaged": "the report and every cursor count as damaged at most the frames the schedule damaged "
     "(torn tails only after a trainer SIGKILL)",
     "nothing_lost_when_space_returns": "a disk full and freed before finish loses nothing: unwritten == 0",
-    "delivered_after_faults_end": "when the only faults were a disk full and freed, agent SIGKILL/SIGSTOP, clock jumps and "
-    "damaged bytes, all over before finish, finish reports every sink delivered",
+    "delivered_after_faults_end": "when the only faults were a disk full and freed, agent SIGKILL/SIGSTOP, clock jumps, "
+    "damaged bytes, a sink hung, short 429s and the trainer out of descriptors, all over before finish, finish reports "
+    "every sink delivered",
+    "others_unaffected": "when the jsonl sink failed, hung or was rate limited (for good or for a while) and every other "
+    "fault was one of those and over before finish, finish reports parquet and TensorBoard delivered",
     "replay_completes": "after `rllog replay`, every sink holds every journal record (dead letters excepted) and "
     "its report says so",
     "replay_no_resend": "a second `rllog replay` sends nothing",
@@ -195,6 +220,10 @@ def generate(seed: int) -> Schedule:
             arg = rng.randint(*NOFILE_SPARE)
         elif kind == "agent_memory":
             arg = rng.randint(*MEMORY_SPARE_MB)
+        elif kind == "trainer_nofile":
+            arg = rng.randint(*TRAINER_NOFILE_SPARE)
+        elif kind == "sink_rate_limited":
+            arg = rng.choice(RETRY_AFTERS)
         faults.append(Fault(kind, at, until, arg))
     if kill_at is not None:
         faults.append(Fault("trainer_kill", kill_at))
@@ -215,7 +244,7 @@ def generate(seed: int) -> Schedule:
 # fault lands at the same place in the stream on any machine. Prints "L <index> <monotonic>" per record logged,
 # "D <seq> <index>" per damaged frame, "K <monotonic>" before killing itself and "R <report json>" after finish.
 TRAINER = r"""
-import json, os, random, resource, signal, sys, time
+import contextlib, json, os, random, resource, signal, sys, time
 spec = json.loads(sys.argv[1])
 _real_time = time.time
 clock = {"offset": 0.0}
@@ -230,6 +259,8 @@ rng = random.Random(spec["seed"])
 run = rllog.init(report_to=list(spec["sinks"]), run_dir=spec["run_dir"], flush_interval=spec["flush_interval"],
                  health=False, backend_options=spec["backend_options"])
 stopped, limits, damaged = set(), {}, set()
+own = {"windows": set(), "saved": None, "lowered": None}  # the trainer's own RLIMIT_NOFILE (trainer_nofile)
+sink_windows = []  # the open windows of sink modes, oldest first: the newest one's mode holds until it ends
 
 
 def agent_pid():
@@ -237,11 +268,26 @@ def agent_pid():
     return proc.pid if proc is not None and proc.poll() is None else None
 
 
-def set_mode(mode):
+def set_mode(mode, retry_after=None):
     tmp = spec["control"] + ".tmp"
     with open(tmp, "w") as f:
-        json.dump({"mode": mode}, f)
+        json.dump({"mode": mode, "retry_after": retry_after}, f)
     os.replace(tmp, spec["control"])
+
+
+@contextlib.contextmanager
+def own_descriptors():
+    # The explorer's own fault code (a control file, the ballast, /proc) runs with the trainer's limit as it was;
+    # rllog's threads meet the lowered one the rest of the time.
+    if own["lowered"] is None:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, own["saved"])
+    try:
+        yield
+    finally:
+        if own["lowered"] is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, own["lowered"])
 
 
 def fill(headroom):
@@ -311,7 +357,13 @@ def apply(f):
         os.kill(pid, signal.SIGSTOP)
         stopped.add(pid)
     elif kind in spec["sink_modes"]:
-        set_mode(spec["sink_modes"][kind])
+        sink_windows.append((window(f), spec["sink_modes"][kind], arg))
+        set_mode(spec["sink_modes"][kind], arg)
+    elif kind == "trainer_nofile":
+        if own["saved"] is None:
+            own["saved"] = resource.getrlimit(resource.RLIMIT_NOFILE)
+        own["windows"].add(window(f))
+        own["lowered"] = (len(os.listdir("/proc/self/fd")) + int(arg), own["saved"][1])
     elif kind == "agent_nofile" and pid:
         old = lower_limit(f, pid, resource.RLIMIT_NOFILE)
         used = len(os.listdir(f"/proc/{pid}/fd"))
@@ -348,7 +400,12 @@ def end(f):
                 pass
         stopped.clear()
     elif kind in spec["sink_modes"]:
-        set_mode("ok")
+        sink_windows[:] = [w for w in sink_windows if w[0] != window(f)]
+        set_mode(*sink_windows[-1][1:]) if sink_windows else set_mode("ok")  # an overlapped window's mode comes back
+    elif kind == "trainer_nofile":
+        own["windows"].discard(window(f))
+        if not own["windows"]:
+            own["lowered"] = None  # own_descriptors, around this call, has given the saved limit back
     elif kind in limits and window(f) in limits[kind]["open"]:
         limits[kind]["open"].discard(window(f))
         if not limits[kind]["open"]:
@@ -370,9 +427,11 @@ for f in faults:
 n, every = spec["records"], spec["table_every"]
 for i in range(n):
     for f in ends.get(i, []):
-        end(f)
+        with own_descriptors():
+            end(f)
     for f in starts.get(i, []):
-        start(f)
+        with own_descriptors():
+            start(f)
     if every and i % every == every - 1:
         run.log_table(f"t{(i // every) % spec['table_names']}", {"id": [i, i], "text": ["a" * (i % 13), "b"]}, step=i)
     else:
@@ -382,7 +441,8 @@ for i in range(n):
         out.flush()
         time.sleep(spec["pace"] * 10)  # the trainer's pace, part of the schedule: faults land while it logs
 for f in ends.get(n, []):
-    end(f)
+    with own_descriptors():
+        end(f)
 out.flush()
 report = run.finish(timeout=spec["finish_timeout"])
 sinks = {name: {"state": r.state, "delivered": r.delivered, "pending": r.pending, "dead_letters": r.dead_letters,
@@ -770,10 +830,23 @@ def _run_and_check(schedule: Schedule, workdir: Path, disk: Path, outcome: Outco
             f"although every full disk was freed before finish ({free_at_end // 1024} KiB free at the end); "
             f"notes {report.get('notes')}",
         )
-    if over and all(f.kind in RECOVERABLE for f in schedule.faults):
+    if over and all(recoverable(f) for f in schedule.faults):
         late = {n: r for n, r in report["sinks"].items() if r["state"] != "delivered"}
         outcome.check(
             "delivered_after_faults_end",
+            not late,
+            "; ".join(
+                f"{n}: {r['state']} ({r['delivered']} delivered, {r['pending']} pending): {r['error']}" for n, r in late.items()
+            ),
+        )
+
+    others_over = not killed and all(
+        f.kind in SINK_MODES or (recoverable(f) and (f.kind in POINTS or f.until is not None)) for f in schedule.faults
+    )
+    if others_over and trainer.report is not None and free_at_end >= LOW_SPACE:
+        late = {n: r for n, r in report["sinks"].items() if n != JSONL and r["state"] != "delivered"}
+        outcome.check(
+            "others_unaffected",
             not late,
             "; ".join(
                 f"{n}: {r['state']} ({r['delivered']} delivered, {r['pending']} pending): {r['error']}" for n, r in late.items()
@@ -824,6 +897,14 @@ def _run_and_check(schedule: Schedule, workdir: Path, disk: Path, outcome: Outco
     for name in SINKS:
         grown = held[name].counts - before[name]
         outcome.check("replay_no_resend", not grown, f"a second replay re-sent {sorted(grown)[:10]} to {name}")
+
+
+def recoverable(f: Fault) -> bool:
+    """Whether every sink must be delivered by finish once ``f`` is over: a 429 that asked for a short wait is; one
+    without ``Retry-After`` backs off like ``sink_down``, possibly past finish's deadline."""
+    if f.kind == "sink_rate_limited":
+        return f.arg is not None and float(f.arg) <= SHORT_RETRY_AFTER
+    return f.kind in RECOVERABLE
 
 
 def _last_error(agent_log: str, sink: str | None = None) -> str:
@@ -910,6 +991,11 @@ def _check_sinks(
             "dead_letters_listed",
             len(dead_listed) == r["dead_letters"] or r["dead_letters"] > len(dead_listed) >= 1000,
             f"{when}: {name}: {r['dead_letters']} dead letters, {len(dead_listed)} listed",
+        )
+        outcome.check(
+            "failed_only_for_good",
+            r["state"] != "failed" or (name == JSONL and CRASH_MESSAGE in (r["error"] or "")),
+            f"{when}: {name} is failed: {r['error']}",
         )
         resource_dead = [d for d in r["dead_letter_list"] if is_resource_error(d.get("error"))]
         outcome.check(

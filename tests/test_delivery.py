@@ -24,6 +24,7 @@ from rllog.delivery import (
     wake_watcher,
 )
 from rllog.errors import RateLimited, SinkBusy, TransientError
+from rllog.settings import RETRY_AFTER_CAP_SECONDS
 from rllog.sink_errors import parse_retry_after
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
@@ -88,6 +89,12 @@ def test_retry_policy_schedule_with_injected_random():
     assert delays[0] == pytest.approx(0.5) and delays[1] == pytest.approx(0.5) and delays[2] == 0.0
     assert delays[3] == pytest.approx(4.0) and delays[4] == pytest.approx(4.0)  # capped (0.5 * 2**4 = 8 > 4)
     assert policy.delay(7, RateLimited(12.5)) == 12.5  # Retry-After wins
+    # ... up to an hour: a date in the year 9999 (or inf) would overflow the timer the follower waits on
+    assert policy.delay(0, RateLimited(2.5e11)) == policy.delay(0, RateLimited(float("inf"))) == RETRY_AFTER_CAP_SECONDS == 3600
+    assert policy.delay(0, RateLimited(-3.0)) == 0.0
+    draws = iter([1.0 - 1e-12, 1.0 - 1e-12])  # no number (NaN, a word a third-party sink passed on): the backoff
+    assert policy.delay(1, RateLimited(float("nan"))) == pytest.approx(1.0)
+    assert policy.delay(1, RateLimited("soon")) == pytest.approx(1.0)  # type: ignore[arg-type]
     assert parse_retry_after("120") == 120.0
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == pytest.approx(10.0)
     assert parse_retry_after("garbage") is None and parse_retry_after(None) is None

@@ -303,3 +303,45 @@ def test_a_tracker_down_at_the_deadline_keeps_what_it_took_and_replay_sends_the_
     assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
     seqs = [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]]
     assert sorted(seqs) == list(range(1, 61))  # each once
+
+
+ORPHAN_CHILD = r"""
+import sys, time, rllog
+run = rllog.init(report_to="parquet,jsonl", run_dir=sys.argv[1], flush_interval=0.1, health=False,
+                 backend_options={"jsonl": {"mode": "scripted", "control": sys.argv[2]}})
+for i in range(50):
+    run.log({"i": float(i)}, step=i)
+time.sleep(1.0)  # ten flush intervals: the journal holds all 50
+print(run._agent.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_orphaned_agent_told_to_retry_in_an_hour_stops_at_once_and_replay_delivers_the_rest(tmp_path, test_backends):
+    """A 429 whose Retry-After is a date in the year 9999 (the explorer's ``sink_rate_limited``): the wait is capped at
+    an hour rather than overflowing the timer and failing the sink, and an agent whose trainer died does not sit out
+    the orphan timeout (600 s) when no sink would be tried again before it: it stops, the records stay pending."""
+    from rllog_test_backends import read_jsonl
+
+    run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
+    control.write_text(json.dumps({"mode": "rate_limited", "retry_after": 2.5e11}))
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_CHILD, str(run_dir), str(control)], stdout=subprocess.PIPE, text=True)
+    agent = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    def agent_alive() -> bool:
+        try:
+            return Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    assert wait_until(lambda: not agent_alive(), 90), "the orphaned agent sat out its retry wait"
+    assert parquet_backend.read_metrics(run_dir).column("step").to_pylist() == list(range(50))
+    cursor = json.loads((run_dir / "delivery" / "jsonl.json").read_text())
+    assert cursor["state"] == "stopped" and cursor["seq"] == 0
+    assert "429" in cursor["error"] and "OverflowError" not in cursor["error"]
+    assert "retrying in 3600.00s" in (run_dir / "agent.log").read_text()
+    control.write_text(json.dumps({"mode": "ok"}))
+    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
+    assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 51))

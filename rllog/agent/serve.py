@@ -93,6 +93,7 @@ def serve(
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
         _stop_followers_on_sigterm(followers)
     orphaned_at = None
+    retries_stopped = False
     ended: set[str] = set()
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:
@@ -109,6 +110,7 @@ def serve(
             if time.monotonic() - orphaned_at > orphan_timeout:
                 log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
                 return len([f for f in followers if f.state != SinkState.CLOSED])
+            retries_stopped = retries_stopped or _stop_retries_past(followers, orphaned_at + orphan_timeout)
     if load.held_seconds:
         log.info("rllog: delivery waited %.1fs in all for the trainer to leave a CPU free", load.held_seconds)
     for f in followers:
@@ -117,6 +119,19 @@ def serve(
         if f.name not in ended:
             f.settle()
     return len([f for f in followers if f.state != SinkState.CLOSED])
+
+
+def _stop_retries_past(followers: list, deadline: float) -> bool:
+    """Once the trainer is gone: when every follower still at work waits to retry its sink after ``deadline`` (a
+    429 asking for an hour), none will try again before the agent exits, so stop them now (True). Each keeps what
+    its sink holds and saves its cursor; the rest stays pending for ``rllog replay``, as at the deadline."""
+    busy = [f for f in followers if f.thread is not None and f.thread.is_alive()]
+    if not busy or not all(f.retry_due is not None and f.retry_due > deadline for f in busy):
+        return False
+    for f in busy:
+        log.warning("rllog: sink %r: its trainer is gone and its next try is past this agent's deadline; stopping", f.name)
+        f.stop()
+    return True
 
 
 def _stop_followers_on_sigterm(followers: list) -> None:

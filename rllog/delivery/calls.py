@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import threading
@@ -40,6 +41,7 @@ from rllog.settings import (  # the tuning constants, each explained there
     DEAD_LETTERS_KEPT,
     LOCAL_RETRY_CAP,
     MAX_SUSPECTS,
+    RETRY_AFTER_CAP_SECONDS,
     RETRY_BASE_SECONDS,
     RETRY_CAP_SECONDS,
     RETRY_GIVE_UP_SECONDS,
@@ -52,7 +54,8 @@ log = logging.getLogger("rllog.delivery")
 
 @dataclass
 class RetryPolicy:
-    """Capped exponential backoff with full jitter, ``Retry-After`` honoured, and a give-up deadline.
+    """Capped exponential backoff with full jitter, ``Retry-After`` honoured (up to
+    :data:`rllog.settings.RETRY_AFTER_CAP_SECONDS`; one that is no number backs off instead), and a give-up deadline.
 
     Args:
         base: first backoff ceiling in seconds.
@@ -69,13 +72,22 @@ class RetryPolicy:
 
     def delay(self, attempt: int, error: BaseException) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based) after ``error``."""
-        if isinstance(error, RateLimited) and error.retry_after is not None:
-            return error.retry_after
+        if isinstance(error, RateLimited) and (asked := _seconds(error.retry_after)) is not None:
+            return min(max(asked, 0.0), RETRY_AFTER_CAP_SECONDS)
         cap = min(self.cap, LOCAL_RETRY_CAP) if is_resource_exhausted(error) else self.cap
         return self.random() * min(cap, self.base * 2.0 ** min(attempt, 64))  # 2**attempt overflows a float past ~1000 attempts
 
     def as_dict(self) -> dict[str, Any]:
         return {"base": self.base, "cap": self.cap, "give_up_after": self.give_up_after}
+
+
+def _seconds(value: Any) -> float | None:
+    """A ``Retry-After`` a sink passed, as seconds; None for none, or for what is no number (NaN, a word): backoff."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(seconds) else seconds
 
 
 def _kind(record: Any) -> str:
@@ -87,7 +99,7 @@ def _kind(record: Any) -> str:
 class SinkCalls:
     """The sink-calling half of a :class:`rllog.delivery.Follower` (which holds the state it uses: ``name``,
     ``sink``, ``retry``, ``ledger``, ``state``, ``error``, ``saved``, ``follow``, ``writer_gone``, ``_stop``,
-    ``_sleep``, ``_save``, ``_advance``, ``_durable_writes``, ``say``)."""
+    ``_sleep``, ``retry_due``, ``_save``, ``_advance``, ``_durable_writes``, ``say``)."""
 
     name: str
     sink: Any
@@ -102,6 +114,7 @@ class SinkCalls:
     writer_gone: Callable[[], bool]
     _stop: threading.Event
     _sleep: Callable[[float], Any]
+    retry_due: float | None
     _suspects: list[tuple[Any, str]]
     _dirty: bool
     _closing: bool
@@ -227,7 +240,11 @@ class SinkCalls:
                 wait = self.retry.delay(attempt, exc)
                 log.info("rllog: sink %r: %s%s: %s; retrying in %.2fs", self.name, prefix, type(exc).__name__, exc, wait)
                 attempt += 1
-                self._sleep(wait)
+                self.retry_due = time.monotonic() + wait
+                try:
+                    self._sleep(wait)
+                finally:
+                    self.retry_due = None
                 if self._stop.is_set():
                     return self._fail(exc, SinkState.STOPPED, prefix)
             else:  # outside the try: a cursor save that fails is not the sink rejecting what it took

@@ -121,6 +121,7 @@ class Follower(SinkCalls):
         self._suspects: list[tuple[Any, str]] = []  # records rejected since the sink last succeeded
         self._damage = Damage(**self.saved.damage)
         self.needs_restart = False  # ended for want of memory or descriptors: start it again from its cursor
+        self.retry_due: float | None = None  # while it waits to retry a call: the monotonic time of the next try
         _SPARE_DESCRIPTORS.hold()
 
     @property

@@ -9,7 +9,9 @@ can find it healthy) injects faults: ``ok``, ``hang`` (blocks forever), ``crash`
 ``scripted`` takes its mode from a control file (option ``control``, default ``RUN_DIR/<name>.control``:
 ``{"mode": ...}``) read again at every call, so a fault schedule (tests/fault_schedules.py) can switch faults
 while the agent runs: the modes above plus ``memory`` (``MemoryError``) and ``emfile`` (``OSError(EMFILE)``),
-the resource errors a tracker's process can raise. A missing or half-written control file reads as ``ok``.
+the resource errors a tracker's process can raise, and ``rate_limited`` (``RateLimited`` with the control's
+``retry_after``: an HTTP 429). In this mode ``hang`` blocks every call, ``flush`` and ``close`` included, only
+while the control file says so. A missing or half-written control file reads as ``ok``.
 In this mode each call's lines go to the file in one unbuffered write, so an agent SIGKILLed at any instant
 leaves whole lines (a buffered file could leave half a line for the re-sent record to be appended to).
 """
@@ -18,8 +20,9 @@ import errno
 import json
 import os
 import threading
+import time
 
-from rllog.errors import TransientError
+from rllog.errors import RateLimited, TransientError
 from rllog.sink import Capabilities
 
 
@@ -40,19 +43,31 @@ class JsonlSink:
         else:
             self.f = open(path, "a")
 
-    def _current_mode(self):
+    def _control(self):
         if self.mode != "scripted":
-            return self.mode
+            return {"mode": self.mode}
         try:
             with open(self.control) as f:
-                return json.load(f).get("mode", "ok")
+                return json.load(f)
         except (OSError, ValueError):
-            return "ok"
+            return {"mode": "ok"}
+
+    def _current_mode(self):
+        return self._control().get("mode", "ok")
+
+    def _hang(self):
+        if self.mode != "scripted":
+            threading.Event().wait()
+        while self._current_mode() == "hang":  # a scripted hang lasts as long as its window
+            time.sleep(0.05)
 
     def _check(self):
-        mode = self._current_mode()
+        control = self._control()
+        mode = control.get("mode", "ok")
         if mode == "hang":
-            threading.Event().wait()
+            self._hang()
+        if mode == "rate_limited":
+            raise RateLimited(control.get("retry_after"), f"{self.name}: HTTP 429")
         if mode == "crash":
             raise RuntimeError(f"{self.name} crashed on purpose")
         if mode == "down":
@@ -79,9 +94,13 @@ class JsonlSink:
     def flush(self):
         if self._current_mode() in ("memory", "emfile"):  # a resource error can come from any call
             self._check()
+        if self.mode == "scripted" and self._current_mode() == "hang":  # so can a hang
+            self._hang()
         self.f.flush()
 
     def close(self, status):
+        if self.mode == "scripted" and self._current_mode() == "hang":
+            self._hang()
         self._write_lines([{"status": status}])
         self.f.close()
 
