@@ -106,7 +106,7 @@ SINK_MODES = {
 }
 AGENT_DEATHS = ("agent_kill", "agent_memory", "agent_nofile")  # faults after which the agent may re-send in-flight records
 # A window that may outlast finish (None): a disk full past the deadline, a tracker down or broken for good.
-MAY_OUTLAST_FINISH = ("disk_full", "sink_down", "sink_crash", "clock_jump", "sink_hang", "sink_rate_limited")
+MAY_OUTLAST_FINISH = ("disk_full", "sink_down", "sink_crash", "clock_jump", "sink_hang", "sink_rate_limited", "trainer_nofile")
 
 INVARIANTS = {
     "trainer_completed": "the trainer logged every record and finish returned (no hang, no exception)",

@@ -428,3 +428,55 @@ def test_an_extension_module_that_cannot_load_for_want_of_descriptors_is_a_resou
     assert result["imported"] is False and result["type"] == "ImportError", result
     assert os.strerror(errno.EMFILE) in result["message"] and result["resource"] is True, result
     assert result["after"] is True  # descriptors back: the same import works
+
+
+RESPAWN_TRAINER = r"""
+import json, sys, rllog
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1, health=False)
+for i in range(100):
+    run.log({"i": float(i)}, step=i)
+print(run._agent.proc.pid, flush=True)
+sys.stdin.readline()  # the test takes this process's spare descriptors and kills its agent
+for i in range(100, 200):
+    run.log({"i": float(i)}, step=i)
+sys.stdin.readline()  # the limit is lifted
+report = run.finish(timeout=120)
+print(json.dumps({"ok": report.ok, "delivered": report["parquet"].delivered, "restarts": run._agent.restarts}), flush=True)
+"""
+
+
+def test_a_trainer_out_of_descriptors_says_why_its_agent_is_not_restarted_and_restarts_it_once_it_can(tmp_path):
+    """The trainer's own RLIMIT_NOFILE taken down to what it holds (prlimit(2); a script that leaks descriptors), then
+    its agent SIGKILLed: no new process can be started. The trainer says why, once, and tries again every
+    LOCAL_RETRY_CAP seconds. A failed start is no new death of the agent: it used to be counted as one, so the
+    restart count grew, the waits grew towards the budget's 47 s, and the report blamed the old exit code."""
+    run_dir, stderr = tmp_path / "r", tmp_path / "trainer-stderr.txt"
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", RESPAWN_TRAINER, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr.open("w"),
+        text=True,
+    )
+    try:
+        assert trainer.stdout is not None and trainer.stdin is not None
+        agent_pid = int(trainer.stdout.readline())
+        resource.prlimit(trainer.pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{trainer.pid}/fd")), hard))
+        os.kill(agent_pid, 9)
+        trainer.stdin.write("go\n")
+        trainer.stdin.flush()
+        said = "rllog: the delivery agent could not be restarted: [Errno 24] Too many open files"
+        assert wait_until(lambda: said in stderr.read_text(), timeout=60), stderr.read_text()
+        assert "trying again every 2s" in stderr.read_text()
+        assert wait_until(lambda: False, timeout=3 * LOCAL_RETRY_CAP) is False  # a few more tries, each failing
+        resource.prlimit(trainer.pid, resource.RLIMIT_NOFILE, (hard, hard))
+        out, _ = trainer.communicate("finish\n", timeout=180)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"ok": True, "delivered": 200, "restarts": 1}, stderr.read_text()
+    assert stderr.read_text().count("could not be restarted") == 1
+    assert parquet_backend.read_metrics(run_dir).column("step").to_pylist() == list(range(200))

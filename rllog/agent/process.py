@@ -27,7 +27,7 @@ from rllog.agent.placement import FROZEN_STATES, process_state, raise_to_normal_
 from rllog.agent.standby import register_agent, take_standby
 from rllog.delivery import RETRY_NOTE, CursorStore, SinkState, notices, wake_watcher
 from rllog.rundir import AGENT_LOG
-from rllog.settings import KILL_WAIT_SECONDS, STOP_GRACE_SECONDS
+from rllog.settings import KILL_WAIT_SECONDS, LOCAL_RETRY_CAP, STOP_GRACE_SECONDS
 
 log = logging.getLogger("rllog.agent")
 
@@ -129,7 +129,7 @@ class AgentProcess:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> AgentProcess:
-        self._spawn()
+        self._spawn(first=True)
         self._watcher = threading.Thread(target=self._watch, name="rllog-agent-watch", daemon=True)
         self._watcher.start()
         return self
@@ -224,8 +224,8 @@ class AgentProcess:
             f"{' and the agent log: ' + last if last else ''}"
         )
 
-    def _spawn(self) -> None:
-        standby = take_standby(self.sink_names, self.system_interval) if self.restarts == 0 else None
+    def _spawn(self, first: bool = False) -> None:
+        standby = take_standby(self.sink_names, self.system_interval) if first else None
         if standby is not None:  # started while the trainer was built: its trackers are imported
             proc, samples_read = standby.proc, standby.samples_read
             assignment = {"run_dir": str(self.run_dir), "options": self.options, "env": dict(os.environ), "cwd": os.getcwd()}
@@ -338,14 +338,27 @@ class AgentProcess:
                 )
             else:
                 log.warning("rllog: the delivery agent exited with code %s; restarting it in %.1fs", code, wait)
-            if self._stopping.wait(wait):
+            if self._stopping.wait(wait) or not self._respawn():
                 return
-            self.restarts += 1
+
+    def _respawn(self) -> bool:
+        """Start the next agent. While this process cannot (no descriptor or no memory for a new process: the
+        trainer's own limits), try again every :data:`rllog.settings.LOCAL_RETRY_CAP` seconds: that is no new death
+        of the agent, and the report names it as the cause. False when the run stops first."""
+        said = False
+        while True:
             try:
                 self._spawn()
-            except OSError as exc:  # e.g. no memory for a new process: try again later
+            except OSError as exc:
                 self.cause = f"the delivery agent could not be restarted: {exc}"
-                self._say(f"rllog: {self.cause}")
+                if not said:
+                    said = True
+                    self._say(f"rllog: {self.cause}; trying again every {LOCAL_RETRY_CAP:.0f}s")
+                if self._stopping.wait(LOCAL_RETRY_CAP):
+                    return False
+                continue
+            self.restarts += 1
+            return True
 
 
 def _close_pipe(pipe: Any) -> None:
