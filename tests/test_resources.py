@@ -8,6 +8,7 @@ chosen frame is injected (a real ``RLIMIT_AS`` cannot be aimed at one decode).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,6 +16,8 @@ import resource
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sinks import FlakySink, MemorySink, wait_until
@@ -28,6 +31,21 @@ from rllog.run import load_run_info
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 FAST = RetryPolicy(base=0.01, cap=0.05, give_up_after=30)
+
+
+@contextlib.contextmanager
+def talking_trainer(script: str, args: list[str], stderr: Path) -> Iterator[subprocess.Popen]:
+    """A trainer subprocess running ``script`` that the test talks to (lines on stdin and stdout), its stderr in
+    ``stderr``; killed if the test ends before it does."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr.open("w"), text=True
+    )
+    try:
+        yield trainer
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
 
 
 def logged_run(run_dir, steps: int, width: int = 1) -> None:
@@ -190,14 +208,7 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
     run_dir = tmp_path / "r"
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     stderr = tmp_path / "trainer-stderr.txt"
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", TABLES_TRAINER, str(run_dir), "100"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr.open("w"),
-        text=True,
-    )
-    try:
+    with talking_trainer(TABLES_TRAINER, [str(run_dir), "100"], stderr) as trainer:
         assert trainer.stdout is not None and trainer.stdin is not None
         agent_pid = int(trainer.stdout.readline())
         held = len(os.listdir(f"/proc/{agent_pid}/fd"))
@@ -222,10 +233,6 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
         assert "Too many open files" in stderr.read_text()
         resource.prlimit(agent_pid, resource.RLIMIT_NOFILE, (hard, hard))  # prlimit(2): up to its own hard limit
         out, _ = trainer.communicate("finish\n", timeout=180)
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
     result = json.loads(out.strip().splitlines()[-1])
     assert result["ok"], result["text"] + stderr.read_text()
     assert result["delivered"] == 3 * 100 + 3 + 1
@@ -452,14 +459,7 @@ def test_a_trainer_out_of_descriptors_says_why_its_agent_is_not_restarted_and_re
     restart count grew, the waits grew towards the budget's 47 s, and the report blamed the old exit code."""
     run_dir, stderr = tmp_path / "r", tmp_path / "trainer-stderr.txt"
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    trainer = subprocess.Popen(
-        [sys.executable, "-c", RESPAWN_TRAINER, str(run_dir)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr.open("w"),
-        text=True,
-    )
-    try:
+    with talking_trainer(RESPAWN_TRAINER, [str(run_dir)], stderr) as trainer:
         assert trainer.stdout is not None and trainer.stdin is not None
         agent_pid = int(trainer.stdout.readline())
         resource.prlimit(trainer.pid, resource.RLIMIT_NOFILE, (len(os.listdir(f"/proc/{trainer.pid}/fd")), hard))
@@ -472,10 +472,6 @@ def test_a_trainer_out_of_descriptors_says_why_its_agent_is_not_restarted_and_re
         assert wait_until(lambda: False, timeout=3 * LOCAL_RETRY_CAP) is False  # a few more tries, each failing
         resource.prlimit(trainer.pid, resource.RLIMIT_NOFILE, (hard, hard))
         out, _ = trainer.communicate("finish\n", timeout=180)
-    finally:
-        if trainer.poll() is None:
-            trainer.kill()
-            trainer.wait()
     result = json.loads(out.strip().splitlines()[-1])
     assert result == {"ok": True, "delivered": 200, "restarts": 1}, stderr.read_text()
     assert stderr.read_text().count("could not be restarted") == 1
