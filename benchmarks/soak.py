@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                             {
                                 "seed": seed,
                                 "schedule": schedule.describe(),
+                                # the schedule itself: rerun with fs.Schedule.from_json after FAULT_KINDS changed
+                                "spec": json.loads(schedule.as_json()),
                                 "seconds": round(outcome.seconds, 1),
                                 "faults": [f.kind for f in schedule.faults],
                                 "checks": dict(outcome.checks),

@@ -12,9 +12,9 @@ Importing rllog imports no tracker, torch, trl or transformers.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
+from rllog import messages
 from rllog.errors import (  # noqa: F401  (re-exported)
     BackendNotInstalled,
     InvalidKey,
@@ -105,10 +105,8 @@ def init(
     previous = _current
     if reinit == "finish_previous" and isinstance(previous, Run) and not previous.finished:
         if not previous.quiet:
-            print(
-                f"rllog: finishing the previous run {previous.info.name!r} first (rllog.init(reinit='create_new') keeps it open)",
-                file=sys.stderr,
-                flush=True,
+            messages.say(
+                f"rllog: finishing the previous run {previous.info.name!r} first (rllog.init(reinit='create_new') keeps it open)"
             )
         previous.finish()
     cls = Run if global_rank() == 0 else NullRun

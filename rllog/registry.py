@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 import importlib.util
+import os
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import Any
 
 from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
 from rllog.sink import MetricSink, sink_problem
+from rllog.sink_errors import RESOURCE_ERRNOS
 
 ENTRY_POINT_GROUP = "rllog.backends"
 BUILT_IN = "built-in"
@@ -112,6 +115,8 @@ def backends(refresh: bool = False) -> dict[str, Backend]:
     global _plugins
     path = tuple(sys.path)
     if _plugins is None or _plugins[0] != path or refresh:
+        if refresh:
+            _forget_listings()
         found = [
             Backend(ep.name, ep.value, source=f"entry point ({ep.dist.name if ep.dist else '?'})")
             for ep in entry_points(group=ENTRY_POINT_GROUP)
@@ -137,9 +142,29 @@ def resolve(name: str) -> Backend:
         known = backends(refresh=True)
     if key in known:
         return known[key]
+    _raise_if_out_of_descriptors()
     close = difflib.get_close_matches(key, list(known) + list(ALIASES), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UnknownBackend(f"unknown backend {name!r}{hint} Available: {', '.join(sorted(known))}")
+
+
+def _forget_listings() -> None:
+    """Make the next entry-point lookup list every ``sys.path`` directory again: ``importlib.metadata`` keeps each
+    listing until the directory's mtime changes, one that failed too (an empty one). Python 3.11's
+    ``importlib.invalidate_caches`` does not reach that cache, so its finder is asked directly."""
+    importlib.invalidate_caches()
+    importlib.metadata.MetadataPathFinder().invalidate_caches()
+
+
+def _raise_if_out_of_descriptors() -> None:
+    """``importlib.metadata`` skips a ``sys.path`` entry it cannot list (it suppresses the error), so in a process
+    with no descriptor left an installed plugin looks unknown. Raise what the process ran out of instead: a
+    delivery agent waits that out and opens the sink, where "unknown backend" would have failed it for good."""
+    try:
+        os.close(os.open(os.curdir, os.O_RDONLY))
+    except OSError as exc:
+        if exc.errno in RESOURCE_ERRNOS:
+            raise OSError(exc.errno, f"the installed backends could not be listed: {exc.strerror}") from exc
 
 
 def parse_report_to(report_to: Any) -> list[Any]:

@@ -192,8 +192,11 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAG
 
 
 #: How the dynamic loader says it ran out of one of those: an extension module whose ``dlopen`` failed raises a bare
-#: ``ImportError`` with only the loader's text ("...: cannot open shared object file: Too many open files").
-RESOURCE_MESSAGES = tuple(os.strerror(e) for e in sorted(RESOURCE_ERRNOS))
+#: ``ImportError`` with only the loader's text ("...: cannot open shared object file: Too many open files"). Out of
+#: address space (``RLIMIT_AS``), glibc's loader names no errno: "...: failed to map segment from shared object". A
+#: filesystem mounted ``noexec`` gets the same words for good; such a sink then waits (pending, its cause named)
+#: rather than failing, and its records stay in the journal either way.
+RESOURCE_MESSAGES = (*(os.strerror(e) for e in sorted(RESOURCE_ERRNOS)), "failed to map segment from shared object")
 
 
 def is_resource_exhausted(exc: BaseException, wrapped: Sequence[str] = ()) -> bool:

@@ -17,6 +17,8 @@ directory on a real small tmpfs, and applies each fault itself when it reaches t
   ``arg`` above what it uses, restored when the window ends;
 - ``trainer_nofile``: the trainer's own ``RLIMIT_NOFILE`` lowered to ``arg`` above what it uses (a training script
   that leaks descriptors: its journal writer and agent supervisor run out too), restored when the window ends;
+- ``stderr_gone``: the trainer's stderr (descriptor 2) made a pipe whose reader has gone, so every write to it fails
+  with ``EPIPE`` (``python train.py 2>&1 | head``, a log collector that died), given back when the window ends;
 - ``trainer_kill``: the trainer SIGKILLs itself (the schedule ends there; the agent finishes on its own);
 - ``journal_damage``: one byte of a complete journal frame flipped in place (``arg``: ``payload`` or ``seq``);
 - ``clock_jump``: the trainer's ``time.time`` shifted by ``arg`` seconds (-1 h, +1 day) for the window.
@@ -75,7 +77,16 @@ RETRY_AFTERS = (None, 0.05, 1.0, 2.5e11)
 SHORT_RETRY_AFTER = 5.0  # a 429 asking for at most this is retried well within finish's deadline once its window ends
 # Faults after which every sink must be delivered by finish once they are over (the others may leave a sink failed,
 # dead letters, or a retry backoff longer than finish's deadline).
-RECOVERABLE = ("disk_full", "agent_kill", "agent_stop", "clock_jump", "journal_damage", "sink_hang", "trainer_nofile")
+RECOVERABLE = (
+    "disk_full",
+    "agent_kill",
+    "agent_stop",
+    "clock_jump",
+    "journal_damage",
+    "sink_hang",
+    "trainer_nofile",
+    "stderr_gone",
+)
 DAMAGE_BYTES_PER_FRAME = 4096  # a damaged frame costs its own bytes (a few hundred here): a generous bound
 CRASH_MESSAGE = "crashed on purpose"  # the jsonl sink's permanent error (sink_crash), the one cause of a failed sink
 RESOURCE_ERRORS = ("MemoryError", "EMFILE", "Too many open files", "ENOMEM", "Cannot allocate memory")
@@ -93,6 +104,7 @@ WINDOWS = (
     "sink_hang",
     "sink_rate_limited",
     "trainer_nofile",
+    "stderr_gone",
 )
 POINTS = ("agent_kill", "journal_damage", "trainer_kill")
 FAULT_KINDS = WINDOWS + POINTS
@@ -106,7 +118,16 @@ SINK_MODES = {
 }
 AGENT_DEATHS = ("agent_kill", "agent_memory", "agent_nofile")  # faults after which the agent may re-send in-flight records
 # A window that may outlast finish (None): a disk full past the deadline, a tracker down or broken for good.
-MAY_OUTLAST_FINISH = ("disk_full", "sink_down", "sink_crash", "clock_jump", "sink_hang", "sink_rate_limited", "trainer_nofile")
+MAY_OUTLAST_FINISH = (
+    "disk_full",
+    "sink_down",
+    "sink_crash",
+    "clock_jump",
+    "sink_hang",
+    "sink_rate_limited",
+    "trainer_nofile",
+    "stderr_gone",
+)
 
 INVARIANTS = {
     "trainer_completed": "the trainer logged every record and finish returned (no hang, no exception)",
@@ -261,6 +282,7 @@ run = rllog.init(report_to=list(spec["sinks"]), run_dir=spec["run_dir"], flush_i
 stopped, limits, damaged = set(), {}, set()
 own = {"windows": set(), "saved": None, "lowered": None}  # the trainer's own RLIMIT_NOFILE (trainer_nofile)
 sink_windows = []  # the open windows of sink modes, oldest first: the newest one's mode holds until it ends
+stderr_held = {"windows": set(), "saved": None}  # stderr_gone: the real stderr, kept while the windows are open
 
 
 def agent_pid():
@@ -359,6 +381,14 @@ def apply(f):
     elif kind in spec["sink_modes"]:
         sink_windows.append((window(f), spec["sink_modes"][kind], arg))
         set_mode(spec["sink_modes"][kind], arg)
+    elif kind == "stderr_gone":
+        if stderr_held["saved"] is None:
+            stderr_held["saved"] = os.dup(2)
+            read_end, write_end = os.pipe()
+            os.close(read_end)  # the reader has gone: a write gets EPIPE (Python ignores SIGPIPE)
+            os.dup2(write_end, 2)
+            os.close(write_end)
+        stderr_held["windows"].add(window(f))
     elif kind == "trainer_nofile":
         if own["saved"] is None:
             own["saved"] = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -402,6 +432,12 @@ def end(f):
     elif kind in spec["sink_modes"]:
         sink_windows[:] = [w for w in sink_windows if w[0] != window(f)]
         set_mode(*sink_windows[-1][1:]) if sink_windows else set_mode("ok")  # an overlapped window's mode comes back
+    elif kind == "stderr_gone":
+        stderr_held["windows"].discard(window(f))
+        if not stderr_held["windows"] and stderr_held["saved"] is not None:
+            os.dup2(stderr_held["saved"], 2)
+            os.close(stderr_held["saved"])
+            stderr_held["saved"] = None
     elif kind == "trainer_nofile":
         own["windows"].discard(window(f))
         if not own["windows"]:

@@ -195,3 +195,39 @@ def test_agent_whose_sinks_all_failed_is_not_restarted(tmp_path, test_backends):
         and report["crashes"].pending == MAX_SUSPECTS + 1
         and report["crashes"].dead_letters == 0
     )
+
+
+STDERR_GONE = r"""
+import json, os, signal, sys, time, rllog
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], flush_interval=0.1, health=False)
+sys.stdin.readline()  # the reader of stderr has gone
+for i in range(100):
+    run.log({"i": float(i)}, step=i)
+time.sleep(0.5)
+os.kill(run._agent.proc.pid, signal.SIGKILL)  # its restart is said on stderr too
+for i in range(100, 200):
+    run.log({"i": float(i)}, step=i)
+report = run.finish(timeout=60)
+print(json.dumps({"ok": report.ok, "delivered": report["parquet"].delivered, "restarts": run._agent.restarts}), flush=True)
+"""
+
+
+def test_a_trainer_whose_stderr_reader_has_gone_trains_and_finishes(tmp_path):
+    """``python train.py 2>&1 | head -1``, or a log collector that died: every write to stderr fails with EPIPE.
+    rllog's messages (the agent's restart, the finish summary) are lost, never the training: ``finish`` raised
+    BrokenPipeError from its summary (the explorer's ``stderr_gone``), after delivering everything."""
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", STDERR_GONE, str(tmp_path / "r")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "RLLOG_QUIET"},  # it speaks on stderr, as a user's run does
+    )
+    assert trainer.stderr is not None
+    assert trainer.stderr.readline().startswith("rllog: run ")  # the opening line, then the reader goes
+    trainer.stderr.close()
+    out, _ = trainer.communicate("go\n", timeout=120)
+    assert trainer.returncode == 0
+    assert json.loads(out) == {"ok": True, "delivered": 200, "restarts": 1}
+    assert parquet_backend.read_metrics(tmp_path / "r").column("step").to_pylist() == list(range(200))

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -21,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllog import settings
+from rllog import messages, settings
 from rllog.agent.launch import EXIT_SINKS_FAILED, launch
 from rllog.agent.placement import FROZEN_STATES, process_state, raise_to_normal_priority
 from rllog.agent.standby import register_agent, take_standby
@@ -115,7 +114,7 @@ class AgentProcess:
         self._next_retry_check = 0.0
         self.cursor_checks = 0  # looks at the cursors so far (every WATCH_SECONDS)
         self.budget = budget or RestartBudget()
-        self._say = on_stderr or (lambda text: print(text, file=sys.stderr, flush=True))
+        self._say = on_stderr or messages.say
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.exits: deque[tuple[int | None, str]] = deque(maxlen=5)  # (exit code, last line of agent.log)

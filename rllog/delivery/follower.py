@@ -24,12 +24,12 @@ import errno
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from rllog import messages
 from rllog.delivery.calls import _SPARE_DESCRIPTORS, RetryPolicy, SinkCalls
 from rllog.delivery.cursor import CursorStore, SinkState
 from rllog.delivery.flush import POLL_INTERVAL, FlushSchedule
@@ -42,10 +42,6 @@ from rllog.sink import MetricSink
 from rllog.sink_errors import is_resource_exhausted
 
 log = logging.getLogger("rllog.delivery")
-
-
-def say_on_stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 class Follower(SinkCalls):
@@ -84,7 +80,7 @@ class Follower(SinkCalls):
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] | None = None,
         on_progress: Callable[[int], None] | None = None,
-        say: Callable[[str], None] = say_on_stderr,
+        say: Callable[[str], None] = messages.say,
         hold: Callable[[threading.Event], None] | None = None,
     ):
         self.name = name

@@ -1,5 +1,6 @@
 """What the trainer's stderr is told about a sink, the moment it happens: one line each, the same words whether the
-follower runs in the trainer (``delivery="thread"``) or in the agent (whose supervisor reads them off the cursor)."""
+follower runs in the trainer (``delivery="thread"``) or in the agent (whose supervisor reads them off the cursor).
+They are written with :func:`rllog.messages.say`."""
 
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 import rllog
+from rllog import messages
 from rllog.errors import InvalidValue, RunFinished
 from rllog.registry import BUILTIN
 from rllog.validate import flatten, to_scalar
@@ -211,7 +212,7 @@ def say_offline_uploads(run: Any) -> None:
     except (OSError, ValueError, AttributeError):  # no Comet sink, or nothing it could write: nothing to say
         return
     if archives:
-        print(COMET_UPLOAD_HINT.format(" ".join(archives)), file=sys.stderr, flush=True)
+        messages.say(COMET_UPLOAD_HINT.format(" ".join(archives)))
 
 
 @atexit.register

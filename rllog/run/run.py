@@ -13,13 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rllog import journal, settings
+from rllog import journal, messages, settings
 from rllog.errors import ForkedChild, InvalidArgument, RunFinished
 from rllog.journal import JournalWriter, PendingMetrics
 from rllog.records import RUN_STATUSES, AlertRecord, ConfigRecord, TableRecord
@@ -109,7 +108,7 @@ class Run(RunBase):
         self._start_delivery(interval)
         signals.register(self)
         if not self.quiet:
-            print(self._opening_line(), file=sys.stderr, flush=True)
+            messages.say(self._opening_line())
 
     # -- opening (the steps of __init__) ---------------------------------------------------------
     def _take_run_dir(self, opened: OpenedRunDir, continues: bool) -> None:
@@ -359,7 +358,7 @@ class Run(RunBase):
             finishing.set()
             signals.act_on_deferred_sigterm()
         if not self.quiet:
-            print(self._finished.summary(f"rllog: run {self.info.name!r} {status}"), file=sys.stderr, flush=True)
+            messages.say(self._finished.summary(f"rllog: run {self.info.name!r} {status}"))
         elif not self._finished.ok:
             log.warning("rllog: run %s finished with undelivered records:\n%s", self.run_dir, self._finished)
         return self._finished
