@@ -399,13 +399,16 @@ def test_a_live_follower_waits_out_what_the_machine_ran_out_of_past_give_up_afte
         assert sink.seqs == [] and saved["state"] == "gave_up" and str(error) in saved["error"]
 
 
-IMPORT_WITHOUT = r"""
+WITHOUT = r"""
 import importlib, importlib.util, json, os, resource, sys
+from rllog import registry
 from rllog.sink_errors import is_resource_exhausted
 
 candidates = ("_curses", "_dbm", "_gdbm", "audioop", "_bz2", "_lzma", "_ctypes", "mmap")
 name = next(m for m in candidates if m not in sys.modules and importlib.util.find_spec(m) is not None)
 importlib.util.find_spec(name)
+actions = {"import": lambda: importlib.import_module(name).__name__ == name, "lookup": lambda: registry.resolve("jsonl").source}
+action = actions[sys.argv[2]]
 if sys.argv[1] == "descriptors":
     used = set()
     for n in range(4096):
@@ -422,14 +425,21 @@ else:
 soft, hard = resource.getrlimit(which)
 resource.setrlimit(which, (limit, hard))
 try:
-    importlib.import_module(name)
-    out = {"imported": True}
-except ImportError as exc:
-    out = {"imported": False, "type": type(exc).__name__, "message": str(exc), "resource": is_resource_exhausted(exc)}
+    out = {"done": action()}
+except Exception as exc:
+    out = {"done": False, "type": type(exc).__name__, "message": str(exc), "resource": is_resource_exhausted(exc)}
 resource.setrlimit(which, (soft, hard))
-out["after"] = importlib.import_module(name).__name__ == name
+out["after"] = action()
 print(json.dumps(out))
 """
+
+
+def run_without(what: str, action: str) -> dict:
+    """Run :data:`WITHOUT`: ``action`` ("import" an extension module, or "lookup" the test plugin) with no
+    ``what`` ("descriptors" or "memory") left, then again once it is given back."""
+    out = subprocess.run([sys.executable, "-c", WITHOUT, what, action], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 @pytest.mark.parametrize(
@@ -440,46 +450,18 @@ def test_an_extension_module_that_cannot_load_for_want_of_descriptors_or_memory_
     descriptor limit (seed 8813) or address-space limit (seed 71017, parquet's libssl): the loader's ``dlopen``
     failed, and Python raised a bare ImportError with only its text, which made the sink fail for good. It is a
     resource error: waited out, then imported."""
-    out = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT, without], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert result["imported"] is False and result["type"] == "ImportError", result
+    result = run_without(without, "import")
+    assert result["done"] is False and result["type"] == "ImportError", result
     assert said in result["message"] and result["resource"] is True, result
     assert result["after"] is True  # the resource back: the same import works
-
-
-LOOKUP_WITHOUT_DESCRIPTORS = r"""
-import json, os, resource, sys
-from rllog import registry
-from rllog.sink_errors import is_resource_exhausted
-
-used = []
-for n in range(4096):
-    try:
-        os.fstat(n)
-        used.append(n)
-    except OSError:
-        pass
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(n for n in range(4097) if n not in used), hard))  # no descriptor left
-try:
-    out = {"resolved": registry.resolve("jsonl").source}
-except Exception as exc:
-    out = {"resolved": False, "type": type(exc).__name__, "message": str(exc), "resource": is_resource_exhausted(exc)}
-resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-out["after"] = registry.resolve("jsonl").source
-print(json.dumps(out))
-"""
 
 
 def test_a_plugin_looked_up_with_no_descriptor_left_is_a_resource_error_not_an_unknown_backend(test_backends):
     """importlib.metadata suppresses the error of a sys.path entry it cannot list: in the explorer's agent with two
     descriptors to spare (seed 71029) the test plugin looked unknown, and "unknown backend 'jsonl'" failed the sink
     for good. The lookup now says what the process ran out of, which the follower waits out."""
-    out = subprocess.run([sys.executable, "-c", LOOKUP_WITHOUT_DESCRIPTORS], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
-    assert result["resolved"] is False and result["type"] == "OSError", result
+    result = run_without("descriptors", "lookup")
+    assert result["done"] is False and result["type"] == "OSError", result
     assert os.strerror(errno.EMFILE) in result["message"] and result["resource"] is True, result
     assert result["after"].startswith("entry point")  # descriptors back: the plugin is found
 
