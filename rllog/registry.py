@@ -23,7 +23,6 @@ from typing import Any
 
 from rllog.errors import BackendNotInstalled, InvalidSink, UnknownBackend
 from rllog.sink import MetricSink, sink_problem
-from rllog.sink_errors import RESOURCE_ERRNOS
 
 ENTRY_POINT_GROUP = "rllog.backends"
 BUILT_IN = "built-in"
@@ -160,6 +159,8 @@ def _raise_if_out_of_descriptors() -> None:
     """``importlib.metadata`` skips a ``sys.path`` entry it cannot list (it suppresses the error), so in a process
     with no descriptor left an installed plugin looks unknown. Raise what the process ran out of instead: a
     delivery agent waits that out and opens the sink, where "unknown backend" would have failed it for good."""
+    from rllog.sink_errors import RESOURCE_ERRNOS  # here: import rllog stays clear of sqlite3 and email
+
     try:
         os.close(os.open(os.curdir, os.O_RDONLY))
     except OSError as exc:
