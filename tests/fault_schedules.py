@@ -152,8 +152,8 @@ INVARIANTS = {
     "(torn tails only after a trainer SIGKILL)",
     "nothing_lost_when_space_returns": "a disk full and freed before finish loses nothing: unwritten == 0",
     "delivered_after_faults_end": "when the only faults were a disk full and freed, agent SIGKILL/SIGSTOP, clock jumps, "
-    "damaged bytes, a sink hung, short 429s and the trainer out of descriptors, all over before finish, finish reports "
-    "every sink delivered",
+    "damaged bytes, a sink hung, short 429s, the trainer out of descriptors or its stderr gone, all over before finish, "
+    "finish reports every sink delivered",
     "others_unaffected": "when the jsonl sink failed, hung or was rate limited (for good or for a while) and every other "
     "fault was one of those and over before finish, finish reports parquet and TensorBoard delivered",
     "replay_completes": "after `rllog replay`, every sink holds every journal record (dead letters excepted) and "
