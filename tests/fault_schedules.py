@@ -19,6 +19,8 @@ directory on a real small tmpfs, and applies each fault itself when it reaches t
   that leaks descriptors: its journal writer and agent supervisor run out too), restored when the window ends;
 - ``stderr_gone``: the trainer's stderr (descriptor 2) made a pipe whose reader has gone, so every write to it fails
   with ``EPIPE`` (``python train.py 2>&1 | head``, a log collector that died), given back when the window ends;
+- ``trainer_stop``: the trainer SIGSTOPs itself (a debugger's breakpoint, a suspended laptop, a frozen cgroup) for
+  ``arg`` seconds, a helper process SIGCONTs it;
 - ``trainer_kill``: the trainer SIGKILLs itself (the schedule ends there; the agent finishes on its own);
 - ``journal_damage``: one byte of a complete journal frame flipped in place (``arg``: ``payload`` or ``seq``);
 - ``clock_jump``: the trainer's ``time.time`` shifted by ``arg`` seconds (-1 h, +1 day) for the window.
@@ -69,6 +71,7 @@ REPLAY_TIMEOUT = 180.0
 MAX_FAULTS = 6
 HEADROOMS = (0, 16 * 1024, 150 * 1024)  # bytes a full disk leaves free: none, less than a flush, the issue's 150 KB
 CLOCK_JUMPS = (-3600.0, 86400.0)
+TRAINER_STOPS = (0.5, 3.0)  # seconds the trainer stays SIGSTOPped
 NOFILE_SPARE = (2, 8)  # descriptors the agent may still open under a lowered RLIMIT_NOFILE
 MEMORY_SPARE_MB = (1, 24)  # MiB of address space the agent may still map under a lowered RLIMIT_AS
 TRAINER_NOFILE_SPARE = (0, 6)  # descriptors the trainer may still open under its lowered RLIMIT_NOFILE
@@ -86,6 +89,7 @@ RECOVERABLE = (
     "sink_hang",
     "trainer_nofile",
     "stderr_gone",
+    "trainer_stop",
 )
 DAMAGE_BYTES_PER_FRAME = 4096  # a damaged frame costs its own bytes (a few hundred here): a generous bound
 CRASH_MESSAGE = "crashed on purpose"  # the jsonl sink's permanent error (sink_crash), the one cause of a failed sink
@@ -106,7 +110,7 @@ WINDOWS = (
     "trainer_nofile",
     "stderr_gone",
 )
-POINTS = ("agent_kill", "journal_damage", "trainer_kill")
+POINTS = ("agent_kill", "journal_damage", "trainer_stop", "trainer_kill")
 FAULT_KINDS = WINDOWS + POINTS
 SINK_MODES = {
     "sink_down": "down",
@@ -227,7 +231,8 @@ def generate(seed: int) -> Schedule:
         if kind in POINTS:
             if kind == "journal_damage":
                 at = max(at, min(100, last - 1))  # a few frames must be written to choose from
-            faults.append(Fault(kind, at, None, rng.choice(("payload", "seq")) if kind == "journal_damage" else None))
+            point_arg = {"journal_damage": ("payload", "seq"), "trainer_stop": TRAINER_STOPS}.get(kind)
+            faults.append(Fault(kind, at, None, rng.choice(point_arg) if point_arg else None))
             continue
         until: int | None = min(last, at + rng.randint(20, max(21, n // 2)))
         if kind in MAY_OUTLAST_FINISH and kill_at is None and rng.random() < 0.2:
@@ -265,7 +270,7 @@ def generate(seed: int) -> Schedule:
 # fault lands at the same place in the stream on any machine. Prints "L <index> <monotonic>" per record logged,
 # "D <seq> <index>" per damaged frame, "K <monotonic>" before killing itself and "R <report json>" after finish.
 TRAINER = r"""
-import contextlib, json, os, random, resource, signal, sys, time
+import contextlib, json, os, random, resource, signal, subprocess, sys, time
 spec = json.loads(sys.argv[1])
 _real_time = time.time
 clock = {"offset": 0.0}
@@ -407,6 +412,9 @@ def apply(f):
         clock["offset"] = float(arg)
     elif kind == "journal_damage":
         damage(arg)
+    elif kind == "trainer_stop":
+        subprocess.Popen(["sh", "-c", f"sleep {arg}; kill -CONT {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
     elif kind == "trainer_kill":
         for p in stopped:
             os.kill(p, signal.SIGCONT)
