@@ -698,6 +698,25 @@ def test_a_sink_that_stops_taking_records_keeps_what_it_took_so_a_replay_sends_n
     assert again.seqs == list(range(21, 61))
 
 
+def test_a_write_that_starts_failing_first_flushes_what_the_sink_holds(tmp_path):
+    """The sink took 20 records (in flight: no periodic flush), then goes down. Before the follower waits to retry, it
+    flushes once, so the cursor covers those 20 for the whole outage: an agent killed meanwhile (or stopped at the
+    deadline inside a call that then hangs: the explorer's seed 73003) leaves nothing of them for a replay to send
+    twice."""
+    sink = FailsAfterSink("down", good=20, error=TransientError("tracker down"))
+    run = rllog.init(
+        report_to=[sink], run_dir=tmp_path / "r", flush_interval=3600, delivery="thread", retry=RetryPolicy(base=5, cap=5)
+    )
+    for i in range(40):
+        run.log({"i": float(i)})
+        if i < 20:
+            assert wait_until(lambda i=i: len(sink.metrics) == i + 1, 30)
+    assert wait_until(lambda: CursorStore(tmp_path / "r", "down").load().seq == 20, 30)
+    assert sink.flushes == 1  # one flush, not retried with the write
+    report = run.finish(timeout=1)["down"]
+    assert (report.state, report.delivered, report.pending) == ("pending", 20, 20)
+
+
 class CloseFailsSink(MemorySink):
     """Buffers until flush; its close raises, and leaves it half closed: a flush then writes nothing."""
 

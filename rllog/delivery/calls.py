@@ -135,7 +135,7 @@ class SinkCalls:
         """One write of ``part`` (repeated with the records the sink has not taken); a rejected write of several
         records is made again record by record, so one bad record costs only itself. False when delivery must stop."""
         batch = Batch(part)
-        error = self._call(partial(self._attempt, call, batch), permanent_ok=True)
+        error = self._call(partial(self._attempt, call, batch), permanent_ok=True, before_retrying=self._keep_what_the_sink_holds)
         if error is not None and len(batch) > 1 and self.state == SinkState.RUNNING:  # find the bad record(s)
             for record in list(batch):
                 one = Batch([record])
@@ -204,13 +204,20 @@ class SinkCalls:
             self._said_failed = True
             self.say(notices.failed(self.name, self.error, self.run_dir))
 
-    def _call(self, fn: Callable[[], None], permanent_ok: bool = False, what: str = "") -> str | None:
+    def _call(
+        self,
+        fn: Callable[[], None],
+        permanent_ok: bool = False,
+        what: str = "",
+        before_retrying: Callable[[], None] | None = None,
+    ) -> str | None:
         """Run ``fn`` with retries. Returns None on success, else the error (state saved).
 
         Retried: :class:`TransientError` and what this machine ran out of (:func:`is_resource_exhausted`),
         until ``retry.give_up_after`` (a live run's follower waits for what the machine ran out of until it is
         stopped). With ``permanent_ok`` another error is returned to the caller (the
-        record may be bad); otherwise it fails the sink. ``what`` names the work in messages.
+        record may be bad); otherwise it fails the sink. ``what`` names the work in messages. ``before_retrying`` runs
+        once, at the first failure that will be retried (a write keeps what the sink holds before a long wait).
         """
         attempt, first_failure = 0, None
         prefix = f"{what}: " if what else ""
@@ -230,6 +237,8 @@ class SinkCalls:
                     # what the cursor, and a report made meanwhile, say while this waits; not waited for itself
                     self.error = f"{RETRY_NOTE} {time.strftime('%H:%M:%S')}: {prefix}{type(exc).__name__}: {exc}"
                     self._save(self.state, wait=False)
+                    if before_retrying is not None:
+                        before_retrying()
                 # What this machine ran out of is waited for while the run lives (finish's deadline ends the wait,
                 # its records pending and the cause named), as the journal waits out a full disk; a replay, or an
                 # agent whose trainer died (nobody will call finish), gives up on it like on a tracker that stays down.
@@ -264,17 +273,18 @@ class SinkCalls:
         return self.error
 
     def _keep_what_the_sink_holds(self) -> None:
-        """Before delivery stops on a broken sink, or is stopped at the deadline while a call is retried: one
-        flush, not retried, so that the records the sink accepted
-        and holds count as delivered. Left in flight, they would stay behind the cursor and ``rllog replay`` would
-        send them again: a tracker that sends on write (wandb, MLflow, trackio) would show them twice."""
+        """Before delivery stops on a broken sink, is stopped at the deadline while a call is retried, or starts
+        retrying a write: one flush, not retried, so that the records the sink accepted and holds count as delivered.
+        Left in flight, they would stay behind the cursor through the wait, and if the agent then ended (killed, or
+        stopped at the deadline inside a call that hangs) ``rllog replay`` would send them again: a tracker that sends
+        on write (wandb, MLflow, trackio) would show them twice."""
         flush = getattr(self.sink, "flush", None)
         if not self.ledger.has_in_flight or flush is None or self._closing:  # a sink whose close failed may be half closed:
             return  # its flush could return without writing anything, and the cursor must not move on that
         try:
             flush()
-        except Exception as exc:  # the sink is broken already; what it holds stays pending
-            log.warning("rllog: sink %r: the flush before stopping failed too (%s: %s)", self.name, type(exc).__name__, exc)
+        except Exception as exc:  # the sink is broken, or down: what it holds stays pending
+            log.warning("rllog: sink %r: the flush of what it holds failed too (%s: %s)", self.name, type(exc).__name__, exc)
             return
         self.ledger.flushed()
         self._advance()
