@@ -440,7 +440,10 @@ def end(f):
         stopped.clear()
     elif kind in spec["sink_modes"]:
         sink_windows[:] = [w for w in sink_windows if w[0] != window(f)]
-        set_mode(*sink_windows[-1][1:]) if sink_windows else set_mode("ok")  # an overlapped window's mode comes back
+        if sink_windows:  # an overlapped window's mode comes back
+            set_mode(*sink_windows[-1][1:])
+        else:
+            set_mode("ok")
     elif kind == "stderr_gone":
         stderr_held["windows"].discard(window(f))
         if not stderr_held["windows"] and stderr_held["saved"] is not None:
