@@ -307,13 +307,11 @@ def set_mode(mode, retry_after=None):
 def own_descriptors():
     # The explorer's own fault code (a control file, the ballast, /proc) runs with the trainer's limit as it was;
     # rllog's threads meet the lowered one the rest of the time.
-    if own["lowered"] is None:
-        yield
-        return
-    resource.setrlimit(resource.RLIMIT_NOFILE, own["saved"])
+    if own["lowered"] is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, own["saved"])
     try:
         yield
-    finally:
+    finally:  # the limit as the call left it: lowered by the first window's start, given back by the last's end
         if own["lowered"] is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, own["lowered"])
 
