@@ -717,6 +717,38 @@ def test_a_write_that_starts_failing_first_flushes_what_the_sink_holds(tmp_path)
     assert (report.state, report.delivered, report.pending) == ("pending", 20, 20)
 
 
+class RejectsSeq3ThenDown(MemorySink):
+    """Rejects any batch holding seq 3 for good (a bad record), takes records 1 and 2, and is down from seq 4 on."""
+
+    def write_metrics(self, records):
+        if any(r.seq == 3 for r in records):
+            raise ValueError("seq 3 is bad")
+        if any(r.seq >= 4 for r in records):
+            raise TransientError("tracker down")
+        super().write_metrics(records)
+
+
+def test_a_write_record_by_record_that_starts_failing_first_flushes_what_the_sink_holds_too(tmp_path):
+    """A batch rejected for one bad record is written again record by record; when one of those writes starts
+    failing, what the sink took before it is flushed first, as on the batch path above."""
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="none", run_dir=run_dir) as run:
+        for i in range(6):
+            run.log({"i": float(i)})
+    sink = RejectsSeq3ThenDown("picky")
+    info = rllog.rundir.load_run_info(run_dir)[0]
+    follower = Follower("picky", sink, info, follow=False, flush_interval=3600, retry=RetryPolicy(base=0.05, cap=0.05))
+    follower.start()
+    try:
+        assert wait_until(lambda: sink.flushes == 1, 10), "the record-by-record write waited with what the sink held"
+        assert sink.seqs == [1, 2]
+        assert wait_until(lambda: CursorStore(run_dir, "picky").load().seq == 2, 10)  # seq 3 stays a suspect
+    finally:
+        follower.stop()
+        follower.join(30)
+    assert sink.flushes == 1  # not again at the stop: nothing was taken since
+
+
 class CloseFailsSink(MemorySink):
     """Buffers until flush; its close raises, and leaves it half closed: a flush then writes nothing."""
 

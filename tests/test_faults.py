@@ -345,3 +345,37 @@ def test_an_orphaned_agent_told_to_retry_in_an_hour_stops_at_once_and_replay_del
     control.write_text(json.dumps({"mode": "ok"}))
     assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
     assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 51))
+
+
+def test_a_replay_told_to_come_back_after_its_give_up_deadline_stops_at_once_and_says_when(tmp_path, test_backends):
+    """A 429 asking for an hour during ``rllog replay``: the replay slept the hour (the give-up deadline, 600 s, is
+    checked only when a try fails). It now stops at once, the records pending, and says when to replay again."""
+    from rllog_test_backends import read_jsonl
+
+    run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
+    control.write_text(json.dumps({"mode": "rate_limited", "retry_after": 3600}))
+    run = rllog.init(
+        report_to="jsonl",
+        run_dir=run_dir,
+        flush_interval=0.1,
+        health=False,
+        backend_options={"jsonl": {"mode": "scripted", "control": str(control)}},
+    )
+    for i in range(30):
+        run.log({"i": float(i)}, step=i)
+    assert run.finish(timeout=3)["jsonl"].pending == 30
+    replay = subprocess.run(
+        [sys.executable, "-m", "rllog.cli", "replay", str(run_dir), "--to", "jsonl"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"COLUMNS": "300"},
+        timeout=60,  # the old code slept the hour here
+    )
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    cursor = json.loads((run_dir / "delivery" / "jsonl.json").read_text())
+    assert (cursor["state"], cursor["seq"]) == ("stopped", 0)
+    assert "HTTP 429" in cursor["error"] and "asked to wait 3600s, past this replay's give-up deadline" in cursor["error"]
+    assert "state pending" in replay.stdout and "replay again after" in replay.stdout
+    control.write_text(json.dumps({"mode": "ok"}))
+    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
+    assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 31))

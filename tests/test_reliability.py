@@ -8,12 +8,15 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from readers import read_back
 from sinks import MemorySink, wait_until
 
 import rllog
+from rllog.agent.process import RestartBudget
+from rllog.cli import main as cli_main
 from rllog.errors import RunFinished
 from rllog.run import load_run_info
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
@@ -146,6 +149,38 @@ def test_killed_agent_is_restarted_and_nothing_is_lost(tmp_path):
     assert report.ok
     # a cursor means durable, and parquet recognises what a killed agent had written: each record once
     assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
+
+
+def test_a_finish_deadline_that_falls_inside_a_restart_stops_the_agent_that_restart_started(tmp_path, monkeypatch):
+    """``finish``'s stop read the dead agent while the supervisor was still starting the next one, took it for an agent
+    that had exited by itself, and returned: the new agent then started and outlived ``finish``. The start is slowed
+    here (a loaded machine) so that the deadline falls inside it."""
+    from rllog.agent import process
+
+    real_launch, starting = process.launch, threading.Event()
+
+    def slow_launch(*args, **kwargs):
+        starting.set()
+        time.sleep(2.0)
+        return real_launch(*args, **kwargs)
+
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=0.1, health=False)
+    run._agent.budget = RestartBudget(backoff_base=0.01)
+    for i in range(50):
+        run.log({"i": float(i)}, step=i)
+    first = run._agent.proc
+    assert first is not None
+    monkeypatch.setattr(process, "launch", slow_launch)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    assert starting.wait(30)
+    run.finish(timeout=0.5)
+    started = run._agent.proc
+    assert started is not first and started is not None, "finish returned before the restart it raced had started"
+    assert started.poll() is not None, "the agent started during finish outlived it"
+    monkeypatch.setattr(process, "launch", real_launch)
+    assert cli_main(["replay", str(tmp_path / "r"), "--to", "parquet"]) == 0
+    assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(50)]
 
 
 def test_log_from_many_threads_keeps_every_record(tmp_path):

@@ -477,8 +477,48 @@ for i in range(100, 200):
     run.log({"i": float(i)}, step=i)
 sys.stdin.readline()  # the limit is lifted
 report = run.finish(timeout=120)
-print(json.dumps({"ok": report.ok, "delivered": report["parquet"].delivered, "restarts": run._agent.restarts}), flush=True)
+print(json.dumps({"ok": report.ok, "delivered": report["parquet"].delivered, "restarts": run._agent.restarts,
+                  "cause": run._agent.cause}), flush=True)
 """
+
+
+LAUNCH_WITH_ONE_DESCRIPTOR = r"""
+import json, os, resource, sys
+from pathlib import Path
+from rllog.agent.launch import launch
+
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+held = []
+while True:
+    try:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+os.close(held.pop())  # one left: the copy of stdout for the console takes it, and the system-metrics pipe finds none
+before = len(os.listdir("/proc/self/fd"))
+try:
+    launch([sys.argv[1]], Path(sys.argv[2]), system_interval=1.0)
+    result = "started"
+except OSError as exc:
+    result = exc.errno
+os.close(held.pop())  # room to list the descriptors even if the start kept one
+print(json.dumps({"result": result, "left_open": len(os.listdir("/proc/self/fd")) - (before - 1)}))
+"""
+
+
+def test_an_agent_start_that_fails_for_want_of_descriptors_gives_back_every_descriptor_it_took(tmp_path):
+    """A trainer out of descriptors tries to start its agent every LOCAL_RETRY_CAP seconds; with system metrics on,
+    the start took a copy of stdout, then failed to make its pipe, and kept the copy: one descriptor fewer each time,
+    so the trainer never got back the room to start it."""
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCH_WITH_ONE_DESCRIPTOR, str(tmp_path / "r"), str(tmp_path / "agent.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"result": errno.EMFILE, "left_open": 0}
 
 
 def test_a_trainer_out_of_descriptors_says_why_its_agent_is_not_restarted_and_restarts_it_once_it_can(tmp_path):
@@ -502,6 +542,9 @@ def test_a_trainer_out_of_descriptors_says_why_its_agent_is_not_restarted_and_re
         resource.prlimit(trainer.pid, resource.RLIMIT_NOFILE, (hard, hard))
         out, _ = trainer.communicate("finish\n", timeout=180)
     result = json.loads(out.strip().splitlines()[-1])
+    cause = result.pop("cause")
     assert result == {"ok": True, "delivered": 200, "restarts": 1}, stderr.read_text()
     assert stderr.read_text().count("could not be restarted") == 1
+    assert "rllog: the delivery agent has been restarted; delivery goes on" in stderr.read_text()
+    assert cause.startswith("the delivery agent died (exit code -9"), cause  # not the failed start, which is over
     assert parquet_backend.read_metrics(run_dir).column("step").to_pylist() == list(range(200))

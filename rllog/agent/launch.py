@@ -52,11 +52,11 @@ def launch(args: list[str], log_path: Path, system_interval: float | None) -> tu
         env[CONSOLE_FD_ENV] = str(console_fd)
         passed.append(console_fd)
     samples_read = samples_write = None
-    if system_interval:
-        samples_read, samples_write = os.pipe()
-        passed.append(samples_write)
-        command += ["--system-metrics-fd", str(samples_write), "--system-interval", str(system_interval)]
-    try:
+    try:  # from the first descriptor taken: a trainer out of them retries every 2 s, and each try must give back all
+        if system_interval:
+            samples_read, samples_write = os.pipe()
+            passed.append(samples_write)
+            command += ["--system-metrics-fd", str(samples_write), "--system-interval", str(system_interval)]
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
                 command,

@@ -123,6 +123,7 @@ class AgentProcess:
         self.owner_pid = os.getpid()  # the trainer that started it (a forked child holds a copy)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
+        self._spawning = threading.Lock()  # held from the stop check to the new agent's proc: stop() waits for it
         self._watcher: threading.Thread | None = None
         self._wakeups: Any = None  # the current agent's stdin, non-blocking once its options are sent
 
@@ -148,6 +149,8 @@ class AgentProcess:
         """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it, within
         :data:`rllog.settings.FINISH_OVERRUN_MAX_SECONDS` of the deadline. True if it exited by itself."""
         self._stopping.set()
+        with self._spawning:  # a restart under way ends first: its agent is the one to stop, not the dead one
+            pass
         with self._lock:
             proc = self.proc
         if proc is None:
@@ -343,21 +346,27 @@ class AgentProcess:
     def _respawn(self) -> bool:
         """Start the next agent. While this process cannot (no descriptor or no memory for a new process: the
         trainer's own limits), try again every :data:`rllog.settings.LOCAL_RETRY_CAP` seconds: that is no new death
-        of the agent, and the report names it as the cause. False when the run stops first."""
-        said = False
+        of the agent, and the report names it as the cause until a start succeeds. False when the run stops first."""
+        said, died = False, self.cause  # why the agent is being restarted (kept: in a crash loop it is the cause)
         while True:
-            try:
-                self._spawn()
-            except OSError as exc:
-                self.cause = f"the delivery agent could not be restarted: {exc}"
-                if not said:
-                    said = True
-                    self._say(f"rllog: {self.cause}; trying again every {LOCAL_RETRY_CAP:.0f}s")
-                if self._stopping.wait(LOCAL_RETRY_CAP):
+            with self._spawning:
+                if self._stopping.is_set():  # finish is stopping the agent: starting one now would outlive it
                     return False
-                continue
-            self.restarts += 1
-            return True
+                try:
+                    self._spawn()
+                except OSError as exc:
+                    self.cause = f"the delivery agent could not be restarted: {exc}"
+                else:
+                    self.restarts += 1
+                    self.cause = died
+                    if said:
+                        self._say("rllog: the delivery agent has been restarted; delivery goes on")
+                    return True
+            if not said:
+                said = True
+                self._say(f"rllog: {self.cause}; trying again every {LOCAL_RETRY_CAP:.0f}s")
+            if self._stopping.wait(LOCAL_RETRY_CAP):
+                return False
 
 
 def _close_pipe(pipe: Any) -> None:

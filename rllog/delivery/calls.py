@@ -139,7 +139,10 @@ class SinkCalls:
         if error is not None and len(batch) > 1 and self.state == SinkState.RUNNING:  # find the bad record(s)
             for record in list(batch):
                 one = Batch([record])
-                if not self._accepted(one, self._call(partial(self._attempt, call, one), permanent_ok=True)):
+                error = self._call(
+                    partial(self._attempt, call, one), permanent_ok=True, before_retrying=self._keep_what_the_sink_holds
+                )
+                if not self._accepted(one, error):
                     return False
             return True
         return self._accepted(batch, error)
@@ -247,6 +250,11 @@ class SinkCalls:
                 if give_up and now - first_failure >= (self.retry.give_up_after or 0.0):
                     return self._fail(exc, SinkState.GAVE_UP, prefix)
                 wait = self.retry.delay(attempt, exc)
+                past_give_up = give_up and now + wait > first_failure + (self.retry.give_up_after or 0.0)
+                if past_give_up and not self.follow and isinstance(exc, RateLimited):  # a replay has no later to wait for
+                    again = time.strftime("%H:%M", time.localtime(time.time() + wait))
+                    later = f"; asked to wait {wait:.0f}s, past this replay's give-up deadline: replay again after {again}"
+                    return self._fail(exc, SinkState.STOPPED, prefix, later)
                 log.info("rllog: sink %r: %s%s: %s; retrying in %.2fs", self.name, prefix, type(exc).__name__, exc, wait)
                 attempt += 1
                 self.retry_due = time.monotonic() + wait
@@ -262,8 +270,8 @@ class SinkCalls:
                     self._save(self.state, wait=False)
                 return None
 
-    def _fail(self, exc: BaseException, state: str = SinkState.FAILED, prefix: str = "") -> str:
-        self.error = f"{prefix}{type(exc).__name__}: {exc}"
+    def _fail(self, exc: BaseException, state: str = SinkState.FAILED, prefix: str = "", then: str = "") -> str:
+        self.error = f"{prefix}{type(exc).__name__}: {exc}{then}"
         log.error("rllog: sink %r %s at seq %d: %s", self.name, state.replace("_", " "), self.ledger.seq, self.error)
         if state in SinkState.BROKEN or state == SinkState.STOPPED:
             self._keep_what_the_sink_holds()
