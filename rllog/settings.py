@@ -318,6 +318,10 @@ RETRY_BASE_SECONDS = 0.5
 RETRY_CAP_SECONDS = 30.0
 RETRY_GIVE_UP_SECONDS = 600.0
 # The longest wait a 429's Retry-After is honoured for. A tracker asking for more (an HTTP-date years away, or inf)
-# is asked again after this; finish's deadline and the give-up deadline end the wait sooner. Unbounded, a date in the
-# year 9999 overflows the timer it waits on, and the sink would fail for good.
+# is asked again after this. A wait that ends after finish's deadline is not sat out (the follower is stopped at once,
+# FINISH_DEADLINE_LOOK_SECONDS), nor one that ends after a replay's give-up deadline (the replay stops and says when to
+# come back). Unbounded, a date in the year 9999 overflows the timer it waits on, and the sink would fail for good.
 RETRY_AFTER_CAP_SECONDS = 3600.0
+# How often whoever waits for the followers at finish (the agent's main loop, finish for in-process followers)
+# looks whether a follower's next try comes after finish's deadline, so that it is stopped then and not waited for.
+FINISH_DEADLINE_LOOK_SECONDS = 0.2

@@ -379,3 +379,40 @@ def test_a_replay_told_to_come_back_after_its_give_up_deadline_stops_at_once_and
     control.write_text(json.dumps({"mode": "ok"}))
     assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
     assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 31))
+
+
+@pytest.mark.parametrize("delivery", ["process", "thread"])
+def test_finish_does_not_wait_out_its_deadline_for_a_sink_told_to_come_back_after_it(tmp_path, test_backends, delivery):
+    """A 429 asking for an hour at the end of a run: ``finish(timeout=60)`` waited the whole minute for a sink that
+    would not be tried before it, then stopped the agent. The agent now knows finish's deadline and stops that sink
+    at once (what it holds kept, the rest pending); every other sink is delivered as usual."""
+    from rllog_test_backends import read_jsonl
+
+    run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
+    run = rllog.init(
+        report_to="parquet,jsonl",
+        run_dir=run_dir,
+        flush_interval=0.1,
+        health=False,
+        delivery=delivery,
+        backend_options={"jsonl": {"mode": "scripted", "control": str(control)}},
+    )
+    for i in range(20):
+        run.log({"i": float(i)}, step=i)
+    assert wait_until(lambda: len(read_jsonl(run_dir / "jsonl.jsonl")[0]) == 20, 60)
+    control.write_text(json.dumps({"mode": "rate_limited", "retry_after": 3600}))
+    for i in range(20, 40):
+        run.log({"i": float(i)}, step=i)
+    started = time.monotonic()
+    report = run.finish(timeout=60)
+    waited = time.monotonic() - started
+    assert waited < 30, f"finish waited {waited:.0f}s of its 60 for a sink asked to come back in an hour"
+    assert "the delivery agent was stopped at the finish deadline" not in report.notes  # it ended by itself
+    assert report["parquet"].state == "delivered" and report["parquet"].delivered == 40
+    jsonl = report["jsonl"]
+    assert (jsonl.state, jsonl.delivered, jsonl.pending) == ("pending", 20, 20) and "HTTP 429" in jsonl.error
+    if delivery == "process":
+        assert "its next try is after its trainer's finish deadline; stopping" in (run_dir / "agent.log").read_text()
+    control.write_text(json.dumps({"mode": "ok"}))
+    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
+    assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 41))

@@ -40,7 +40,15 @@ def serve(
     trainer sends its flush wake-ups down (the agent's stdin; :class:`rllog.delivery.FlushWatcher`).
     """
     from rllog import registry
-    from rllog.delivery import POLL_INTERVAL, FlushWatcher, Follower, RetryPolicy, SinkState, live_poll_interval
+    from rllog.delivery import (
+        POLL_INTERVAL,
+        FlushWatcher,
+        Follower,
+        RetryPolicy,
+        SinkState,
+        finish_deadline,
+        live_poll_interval,
+    )
     from rllog.rundir import SinkSpec, load_run_info
 
     info, run_file = load_run_info(run_dir)
@@ -93,11 +101,11 @@ def serve(
         PriorityGovernor(followers, settings.AGENT_PRIORITY.get(), parent_pid).start()
         _stop_followers_on_sigterm(followers)
     orphaned_at = None
-    retries_stopped = False
     ended: set[str] = set()
+    told_to_stop: set[str] = set()
     while any(f.thread is not None and f.thread.is_alive() for f in followers):
         for f in followers:
-            f.join(0.2)
+            f.join(settings.FINISH_DEADLINE_LOOK_SECONDS)
             if f.name not in ended and f.join(0):  # its cursor must say how it ended, now, while others go on
                 if follow and f.needs_restart:  # what the other followers have in flight is re-sent, as after a kill
                     raise RestartAgent(f"{f.name}: {f.error}")
@@ -105,12 +113,17 @@ def serve(
                 f.settle()
         if heap is not None and not heap.frozen:
             heap.freeze_once(opened=all(f.sink is not None or not (f.thread and f.thread.is_alive()) for f in followers))
+        deadline, whose = None, "its trainer's finish"
         if parent_gone():
             orphaned_at = orphaned_at or time.monotonic()
             if time.monotonic() - orphaned_at > orphan_timeout:
                 log.error("trainer gone and sinks still busy after %.0fs; exiting", orphan_timeout)
                 return len([f for f in followers if f.state != SinkState.CLOSED])
-            retries_stopped = retries_stopped or _stop_retries_past(followers, orphaned_at + orphan_timeout)
+            deadline, whose = orphaned_at + orphan_timeout, "this orphaned agent's"
+        elif follow and any(f.retry_due is not None for f in followers):
+            deadline = finish_deadline(run_dir, parent_pid)
+        if deadline is not None:
+            _stop_retries_past(followers, deadline, whose, told_to_stop)
     if load.held_seconds:
         log.info("rllog: delivery waited %.1fs in all for the trainer to leave a CPU free", load.held_seconds)
     for f in followers:
@@ -121,17 +134,16 @@ def serve(
     return len([f for f in followers if f.state != SinkState.CLOSED])
 
 
-def _stop_retries_past(followers: list, deadline: float) -> bool:
-    """Once the trainer is gone: when every follower still at work waits to retry its sink after ``deadline`` (a
-    429 asking for an hour), none will try again before the agent exits, so stop them now (True). Each keeps what
-    its sink holds and saves its cursor; the rest stays pending for ``rllog replay``, as at the deadline."""
-    busy = [f for f in followers if f.thread is not None and f.thread.is_alive()]
-    if not busy or not all(f.retry_due is not None and f.retry_due > deadline for f in busy):
-        return False
-    for f in busy:
-        log.warning("rllog: sink %r: its trainer is gone and its next try is past this agent's deadline; stopping", f.name)
-        f.stop()
-    return True
+def _stop_retries_past(followers: list, deadline: float, whose: str, told: set[str]) -> None:
+    """Stop each follower whose next try of its sink comes after ``deadline`` (a 429 asking for an hour): it would
+    deliver nothing more before the deadline than stopped now, and the agent would be waited for (by ``finish``, or
+    as an orphan) until then for nothing. Each keeps what its sink holds and saves its cursor; the rest stays pending
+    for ``rllog replay``, as at the deadline. ``told``: the names already stopped."""
+    for f in followers:
+        if f.name not in told and f.thread is not None and f.thread.is_alive() and f.waits_past(deadline):
+            told.add(f.name)
+            log.warning("rllog: sink %r: its next try is after %s deadline; stopping", f.name, whose)
+            f.stop()
 
 
 def _stop_followers_on_sigterm(followers: list) -> None:

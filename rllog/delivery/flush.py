@@ -53,6 +53,7 @@ from rllog.settings import (  # the tuning constants, each explained there
 __all__ = [
     "ASKED_FLUSH_MIN_GAP",
     "ASKED_RECORDS_PATIENCE",
+    "FINISH_DEADLINE",
     "FLUSH_DUE_BYTES",
     "FLUSH_DUE_RECORDS",
     "FLUSH_FAST_POLL_FOR",
@@ -66,14 +67,18 @@ __all__ = [
     "FlushRequest",
     "FlushSchedule",
     "FlushWatcher",
+    "finish_deadline",
+    "forget_finish_deadline",
     "live_poll_interval",
     "read_flush_request",
     "request_flush",
+    "tell_finish_deadline",
     "wait_flushed",
     "wake_watcher",
 ]
 
 FLUSH_REQUEST = "flush-request"  # RUN_DIR/delivery/flush-request: one fixed-length line, see request_flush
+FINISH_DEADLINE = "finish-deadline"  # RUN_DIR/delivery/finish-deadline: written by finish, see tell_finish_deadline
 # What the trainer writes down the agent's stdin after each request (:func:`wake_watcher`): the request itself stays
 # in the file, the durable record (a request left by a killed trainer is acted on by the next agent's followers).
 FLUSH_WAKEUP = b"f"
@@ -117,6 +122,36 @@ def request_flush(run_dir: str | os.PathLike, seq: int, soon: bool = False, wake
         raise OSError(errno.ENOSPC, f"flush request: wrote {written} of {len(line)} bytes")
     if wake is not None:
         wake()
+
+
+def tell_finish_deadline(run_dir: str | os.PathLike, deadline: float) -> None:
+    """Tell the agent when ``finish`` stops waiting for it: ``deadline`` in ``time.monotonic()`` seconds
+    (``CLOCK_MONOTONIC``, one clock for every process of the machine). A follower whose next try of its sink comes
+    after it (a 429 asking for an hour) is then stopped at once, as it would be at the deadline, and ``finish`` does
+    not wait the deadline out for nothing (:func:`finish_deadline`). One line, ``<trainer pid> <deadline>``: an agent
+    heeds only its own trainer's.
+
+    Raises:
+        OSError: it could not be written (a full disk); the agent is then stopped at the deadline.
+    """
+    path = Path(run_dir) / "delivery" / FINISH_DEADLINE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()} {deadline!r}\n")
+
+
+def finish_deadline(run_dir: str | os.PathLike, trainer_pid: int | None) -> float | None:
+    """The deadline :func:`tell_finish_deadline` wrote for this run's ``finish`` by ``trainer_pid``; None when there is
+    none yet, or it is another trainer's (an earlier attempt's), or being written."""
+    try:
+        pid, deadline = (Path(run_dir) / "delivery" / FINISH_DEADLINE).read_text().split()
+        return float(deadline) if trainer_pid is not None and int(pid) == trainer_pid else None
+    except (OSError, ValueError):
+        return None
+
+
+def forget_finish_deadline(run_dir: str | os.PathLike) -> None:
+    """Remove an earlier attempt's deadline before a run (resumed in the same process) starts its agent."""
+    (Path(run_dir) / "delivery" / FINISH_DEADLINE).unlink(missing_ok=True)
 
 
 def read_flush_request(run_dir: str | os.PathLike) -> tuple[bytes, int, bool] | None:

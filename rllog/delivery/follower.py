@@ -37,7 +37,12 @@ from rllog.delivery.ledger import DurableLedger
 from rllog.errors import SinkBusy
 from rllog.journal import Damage, End, JournalReader
 from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, RunInfo, TableRecord
-from rllog.settings import BATCH_BYTES, BATCH_RECORDS, CURSOR_SAVE_RETRY  # the tuning constants, each explained there
+from rllog.settings import (  # the tuning constants, each explained there
+    BATCH_BYTES,
+    BATCH_RECORDS,
+    CURSOR_SAVE_RETRY,
+    FINISH_DEADLINE_LOOK_SECONDS,
+)
 from rllog.sink import MetricSink
 from rllog.sink_errors import is_resource_exhausted
 
@@ -163,6 +168,20 @@ class Follower(SinkCalls):
         if self.thread is not None:
             self.thread.join(timeout)
             return not self.thread.is_alive()
+        return True
+
+    def waits_past(self, deadline: float) -> bool:
+        """Whether it waits to retry its sink and the next try comes after ``deadline`` (monotonic): stopped at the
+        deadline, it would deliver nothing more before it than stopped now."""
+        due = self.retry_due
+        return due is not None and due > deadline
+
+    def join_before(self, deadline: float) -> bool:
+        """Wait for the thread to end until ``deadline`` (monotonic); False at the deadline, or at once when it
+        :meth:`waits_past` it."""
+        while not self.join(max(0.0, min(FINISH_DEADLINE_LOOK_SECONDS, deadline - time.monotonic()))):
+            if self.waits_past(deadline) or time.monotonic() >= deadline:
+                return False
         return True
 
     def stop(self) -> None:

@@ -31,6 +31,9 @@ def start_agent(
 ) -> Any:
     """The delivery agent process for the sinks named, started (:class:`rllog.agent.AgentProcess`)."""
     from rllog.agent import AgentProcess
+    from rllog.delivery import forget_finish_deadline
+
+    forget_finish_deadline(run_dir)  # an earlier attempt's finish, in this same process, is not this one's
 
     return AgentProcess(
         run_dir,
@@ -101,6 +104,17 @@ def acknowledged_seq(run_dir: Path) -> int:
         cursor = CursorStore(run_dir, name).load()
         last = max(last, cursor.seq, *cursor.ahead)
     return last
+
+
+def tell_finish_deadline(run_dir: Path, deadline: float) -> None:
+    """Tell the agent when ``finish`` stops waiting (:func:`rllog.delivery.tell_finish_deadline`): a sink whose next
+    try comes after it is stopped at once. A deadline that cannot be written (a full disk) is only not told."""
+    from rllog.delivery import tell_finish_deadline as tell
+
+    try:
+        tell(run_dir, deadline)
+    except OSError:
+        pass
 
 
 def ask_flush(run_dir: Path, target: int, soon: bool, agent: Any = None) -> None:

@@ -374,6 +374,7 @@ class Run(RunBase):
             cause = f"{lost} records never reached the journal: {why}; they are lost"
             notes.append(f"journal: {cause}")
         if self._agent is not None:
+            delivery_link.tell_finish_deadline(self.run_dir, deadline)
             self._agent.wait_while_alive(deadline)
             if not self._agent.stop(deadline):
                 notes.append("the delivery agent was stopped at the finish deadline")
@@ -381,7 +382,7 @@ class Run(RunBase):
             if self._agent.restarts:
                 notes.append(f"the delivery agent was restarted {self._agent.restarts} times")
         for follower in self._followers:
-            if not follower.join(max(0.0, deadline - time.monotonic())):
+            if not follower.join_before(deadline):  # at once when its next try comes after the deadline
                 follower.stop()  # one retrying wakes, keeps what its sink holds and saves its cursor: a moment
                 follower.join(STOP_GRACE_SECONDS)
             else:  # in this process nobody restarts a follower: one that ended while running says so, as in the agent
