@@ -271,7 +271,7 @@ def generate(seed: int) -> Schedule:
 # fault lands at the same place in the stream on any machine. Prints "L <index> <monotonic>" per record logged,
 # "D <seq> <index>" per damaged frame, "K <monotonic>" before killing itself and "R <report json>" after finish.
 TRAINER = r"""
-import contextlib, json, os, random, resource, signal, subprocess, sys, time
+import collections, contextlib, json, os, random, resource, signal, subprocess, sys, time
 spec = json.loads(sys.argv[1])
 _real_time = time.time
 clock = {"offset": 0.0}
@@ -285,10 +285,34 @@ out = sys.stdout
 rng = random.Random(spec["seed"])
 run = rllog.init(report_to=list(spec["sinks"]), run_dir=spec["run_dir"], flush_interval=spec["flush_interval"],
                  health=False, backend_options=spec["backend_options"])
-stopped, limits, damaged = set(), {}, set()
-own = {"windows": set(), "saved": None, "lowered": None}  # the trainer's own RLIMIT_NOFILE (trainer_nofile)
-sink_windows = []  # the open windows of sink modes, oldest first: the newest one's mode holds until it ends
-stderr_held = {"windows": set(), "saved": None}  # stderr_gone: the real stderr, kept while the windows are open
+stopped, damaged = set(), set()
+
+
+class Windows:
+    # The open windows of one fault, oldest first. Windows of a kind may overlap: the first to start applies the
+    # fault, the last to end undoes it (and what the fault replaced is kept from before the first), and each window
+    # keeps what it was started with (a sink's mode: the newest open one's holds until it ends).
+    def __init__(self):
+        self.open = []
+
+    def opened(self, f, held=None):
+        first = not self.open
+        self.open.append((window(f), held))
+        return first
+
+    def closed(self, f):
+        # True when f was the last open window
+        was_open = any(w == window(f) for w, _ in self.open)
+        self.open = [(w, held) for w, held in self.open if w != window(f)]
+        return was_open and not self.open
+
+    def newest(self):
+        return self.open[-1][1]
+
+
+windows = collections.defaultdict(Windows)  # by what the fault changes: "sink", "stderr", "own", or an agent limit's kind
+saved = {}  # what a fault replaced, kept until its last window ends: stderr, the trainer's limit, the agents' limits
+own = {"lowered": None}  # the trainer's own RLIMIT_NOFILE while trainer_nofile windows are open
 
 
 def agent_pid():
@@ -308,7 +332,7 @@ def own_descriptors():
     # The explorer's own fault code (a control file, the ballast, /proc) runs with the trainer's limit as it was;
     # rllog's threads meet the lowered one the rest of the time.
     if own["lowered"] is not None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, own["saved"])
+        resource.setrlimit(resource.RLIMIT_NOFILE, saved["own"])
     try:
         yield
     finally:  # the limit as the call left it: lowered by the first window's start, given back by the last's end
@@ -362,14 +386,15 @@ def window(f):
 
 
 def lower_limit(f, pid, which):
-    # The limit pid had before the first open window of f's kind lowered it. Windows of one kind may overlap: the
-    # last of them to end gives every agent its limit from before the first (a window that saved the limit an earlier
-    # one had lowered left the agent without descriptors for the rest of the run: seed 16877).
-    held = limits.setdefault(f["kind"], {"open": set(), "saved": {}})
-    held["open"].add(window(f))
-    if pid not in held["saved"]:
-        held["saved"][pid] = (which, resource.prlimit(pid, which))
-    return held["saved"][pid][1]
+    # The limit pid had before the first open window of f's kind lowered it: the last of them to end gives every
+    # agent its limit from before the first (a window that saved the limit an earlier one had lowered left the agent
+    # without descriptors for the rest of the run: seed 16877).
+    if windows[f["kind"]].opened(f):
+        saved[f["kind"]] = {}
+    agents = saved[f["kind"]]
+    if pid not in agents:
+        agents[pid] = (which, resource.prlimit(pid, which))
+    return agents[pid][1]
 
 
 def apply(f):
@@ -383,21 +408,19 @@ def apply(f):
         os.kill(pid, signal.SIGSTOP)
         stopped.add(pid)
     elif kind in spec["sink_modes"]:
-        sink_windows.append((window(f), spec["sink_modes"][kind], arg))
+        windows["sink"].opened(f, (spec["sink_modes"][kind], arg))
         set_mode(spec["sink_modes"][kind], arg)
     elif kind == "stderr_gone":
-        if stderr_held["saved"] is None:
-            stderr_held["saved"] = os.dup(2)
+        if windows["stderr"].opened(f):
+            saved["stderr"] = os.dup(2)
             read_end, write_end = os.pipe()
             os.close(read_end)  # the reader has gone: a write gets EPIPE (Python ignores SIGPIPE)
             os.dup2(write_end, 2)
             os.close(write_end)
-        stderr_held["windows"].add(window(f))
     elif kind == "trainer_nofile":
-        if own["saved"] is None:
-            own["saved"] = resource.getrlimit(resource.RLIMIT_NOFILE)
-        own["windows"].add(window(f))
-        own["lowered"] = (len(os.listdir("/proc/self/fd")) + int(arg), own["saved"][1])
+        if windows["own"].opened(f):
+            saved["own"] = resource.getrlimit(resource.RLIMIT_NOFILE)
+        own["lowered"] = (len(os.listdir("/proc/self/fd")) + int(arg), saved["own"][1])
     elif kind == "agent_nofile" and pid:
         old = lower_limit(f, pid, resource.RLIMIT_NOFILE)
         used = len(os.listdir(f"/proc/{pid}/fd"))
@@ -437,25 +460,20 @@ def end(f):
                 pass
         stopped.clear()
     elif kind in spec["sink_modes"]:
-        sink_windows[:] = [w for w in sink_windows if w[0] != window(f)]
-        if sink_windows:  # an overlapped window's mode comes back
-            set_mode(*sink_windows[-1][1:])
-        else:
+        if windows["sink"].closed(f):
             set_mode("ok")
+        elif windows["sink"].open:  # an overlapped window's mode comes back
+            set_mode(*windows["sink"].newest())
     elif kind == "stderr_gone":
-        stderr_held["windows"].discard(window(f))
-        if not stderr_held["windows"] and stderr_held["saved"] is not None:
-            os.dup2(stderr_held["saved"], 2)
-            os.close(stderr_held["saved"])
-            stderr_held["saved"] = None
+        if windows["stderr"].closed(f):
+            os.dup2(saved["stderr"], 2)
+            os.close(saved.pop("stderr"))
     elif kind == "trainer_nofile":
-        own["windows"].discard(window(f))
-        if not own["windows"]:
+        if windows["own"].closed(f):
             own["lowered"] = None  # own_descriptors, around this call, has given the saved limit back
-    elif kind in limits and window(f) in limits[kind]["open"]:
-        limits[kind]["open"].discard(window(f))
-        if not limits[kind]["open"]:
-            for pid, (which, old) in limits.pop(kind)["saved"].items():
+    elif kind in ("agent_nofile", "agent_memory"):
+        if windows[kind].closed(f):
+            for pid, (which, old) in saved.pop(kind).items():
                 try:
                     resource.prlimit(pid, which, old)
                 except ProcessLookupError:
