@@ -416,3 +416,48 @@ def test_finish_does_not_wait_out_its_deadline_for_a_sink_told_to_come_back_afte
     control.write_text(json.dumps({"mode": "ok"}))
     assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
     assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 41))
+
+
+def test_a_replay_backing_off_from_a_429_without_retry_after_still_tries_until_its_give_up_deadline(tmp_path, test_backends):
+    """Only a wait the tracker asked for stops a replay early: a 429 with no ``Retry-After`` backs off like a tracker
+    that is down, and the replay keeps trying until its give-up deadline, then gives the sink up."""
+    run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
+    control.write_text(json.dumps({"mode": "rate_limited", "retry_after": None}))
+    run = rllog.init(
+        report_to="jsonl",
+        run_dir=run_dir,
+        flush_interval=0.1,
+        health=False,
+        retry=RetryPolicy(base=0.2, cap=0.4, give_up_after=1.0),
+        backend_options={"jsonl": {"mode": "scripted", "control": str(control)}},
+    )
+    for i in range(10):
+        run.log({"i": float(i)}, step=i)
+    assert run.finish(timeout=3)["jsonl"].pending == 10
+    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 1
+    cursor = json.loads((run_dir / "delivery" / "jsonl.json").read_text())
+    assert (cursor["state"], cursor["seq"]) == ("gave_up", 0) and "HTTP 429" in cursor["error"]
+    assert "give-up deadline" not in cursor["error"]
+
+
+def test_finish_deadline_is_heeded_only_from_the_trainer_that_wrote_it_and_not_by_a_later_run(tmp_path):
+    """The agent heeds ``delivery/finish-deadline`` only when its own trainer wrote it; a run started again in the same
+    process (a resume) removes the deadline an earlier ``finish`` left, which would otherwise stop at once every sink
+    that waits to retry."""
+    from rllog.delivery import FINISH_DEADLINE, finish_deadline, tell_finish_deadline
+
+    run_dir = tmp_path / "r"
+    with rllog.init(report_to="parquet", run_dir=run_dir, health=False) as run:
+        run.log({"x": 1.0})
+    assert finish_deadline(run_dir, os.getpid()) is not None  # finish told its agent
+    tell_finish_deadline(run_dir, 12.5)
+    assert finish_deadline(run_dir, os.getpid()) == 12.5
+    assert finish_deadline(run_dir, os.getpid() + 1) is None  # another trainer's
+    assert finish_deadline(run_dir, None) is None  # a replay has no trainer
+    resumed = rllog.init(report_to="parquet", run_dir=run_dir, resume="must", health=False)
+    try:
+        assert not (run_dir / "delivery" / FINISH_DEADLINE).exists()
+        assert finish_deadline(run_dir, os.getpid()) is None
+    finally:
+        resumed.finish()
+    assert sorted(p.name for p in (run_dir / "delivery").iterdir() if p.name.endswith(".tmp")) == []

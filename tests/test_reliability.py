@@ -19,6 +19,7 @@ from rllog.agent.process import RestartBudget
 from rllog.cli import main as cli_main
 from rllog.errors import RunFinished
 from rllog.run import load_run_info
+from rllog.settings import FINISH_OVERRUN_MAX_SECONDS, STOP_GRACE_SECONDS
 from rllog_backends import parquet as parquet_backend  # what the parquet sink stored (rllog.read_* may read the journal)
 
 SIGTERM_CHILD = r"""
@@ -151,17 +152,20 @@ def test_killed_agent_is_restarted_and_nothing_is_lost(tmp_path):
     assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(200)]
 
 
-def test_a_finish_deadline_that_falls_inside_a_restart_stops_the_agent_that_restart_started(tmp_path, monkeypatch):
+@pytest.mark.parametrize("start_takes", [0.4, 3.0])
+def test_a_finish_deadline_that_falls_inside_a_restart_stops_the_agent_that_restart_started(tmp_path, monkeypatch, start_takes):
     """``finish``'s stop read the dead agent while the supervisor was still starting the next one, took it for an agent
     that had exited by itself, and returned: the new agent then started and outlived ``finish``. The start is slowed
-    here (a loaded machine) so that the deadline falls inside it."""
+    here (a loaded machine) so that the deadline falls inside it. A start that ends within the grace after the
+    deadline is waited for and its agent stopped by ``finish``; a longer one is not waited for (``finish`` keeps its
+    overrun bound) and the restart kills the agent it started."""
     from rllog.agent import process
 
     real_launch, starting = process.launch, threading.Event()
 
     def slow_launch(*args, **kwargs):
         starting.set()
-        time.sleep(2.0)
+        time.sleep(start_takes)
         return real_launch(*args, **kwargs)
 
     run = rllog.init(report_to="parquet", run_dir=tmp_path / "r", flush_interval=0.1, health=False)
@@ -174,10 +178,17 @@ def test_a_finish_deadline_that_falls_inside_a_restart_stops_the_agent_that_rest
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     assert starting.wait(30)
-    run.finish(timeout=0.5)
-    started = run._agent.proc
-    assert started is not first and started is not None, "finish returned before the restart it raced had started"
-    assert started.poll() is not None, "the agent started during finish outlived it"
+    began = time.monotonic()
+    run.finish(timeout=0.2)
+    assert time.monotonic() - began < 0.2 + FINISH_OVERRUN_MAX_SECONDS + 0.5  # the bound finish promises (and some slack)
+    if start_takes < 0.2 + STOP_GRACE_SECONDS:
+        started = run._agent.proc
+        assert started is not first and started is not None, "finish returned before the restart it raced had started"
+        assert started.poll() is not None, "the agent started during finish outlived it"
+    else:
+        assert wait_until(lambda: run._agent.proc is not first, 30)
+        assert wait_until(lambda: run._agent.proc.poll() is not None, 30), "the agent of an abandoned restart lives on"
+        assert run._agent.restarts == 0  # killed at once: no restart counted
     monkeypatch.setattr(process, "launch", real_launch)
     assert cli_main(["replay", str(tmp_path / "r"), "--to", "parquet"]) == 0
     assert parquet_backend.read_metrics(tmp_path / "r").column("value").to_pylist() == [float(i) for i in range(50)]

@@ -124,6 +124,7 @@ class AgentProcess:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._spawning = threading.Lock()  # held from the stop check to the new agent's proc: stop() waits for it
+        self._abandoned = False  # stop() could wait no longer for a restart under way: the restart kills its agent
         self._watcher: threading.Thread | None = None
         self._wakeups: Any = None  # the current agent's stdin, non-blocking once its options are sent
 
@@ -149,9 +150,13 @@ class AgentProcess:
         """Wait until ``deadline`` (monotonic) for the agent to exit by itself; then stop it, within
         :data:`rllog.settings.FINISH_OVERRUN_MAX_SECONDS` of the deadline. True if it exited by itself."""
         self._stopping.set()
-        with self._spawning:  # a restart under way ends first: its agent is the one to stop, not the dead one
-            pass
+        # A restart under way ends first: its agent is the one to stop, not the dead one. Waited for until the
+        # grace after the deadline at most, so that finish keeps its overrun; past that the restart kills its agent.
+        started = self._spawning.acquire(timeout=max(0.0, deadline + STOP_GRACE_SECONDS - time.monotonic()))
+        if started:
+            self._spawning.release()
         with self._lock:
+            self._abandoned = not started
             proc = self.proc
         if proc is None:
             return True
@@ -170,8 +175,8 @@ class AgentProcess:
         else:
             raise_to_normal_priority(proc.pid)
             proc.terminate()
-            try:
-                proc.wait(timeout=STOP_GRACE_SECONDS)
+            try:  # the grace counts from the deadline: a wait above for a restart has used some of it
+                proc.wait(timeout=max(0.0, deadline + STOP_GRACE_SECONDS - time.monotonic()))
                 return False
             except subprocess.TimeoutExpired:
                 pass
@@ -354,14 +359,22 @@ class AgentProcess:
                     return False
                 try:
                     self._spawn()
+                    failed = None
                 except OSError as exc:
-                    self.cause = f"the delivery agent could not be restarted: {exc}"
-                else:
-                    self.restarts += 1
-                    self.cause = died
-                    if said:
-                        self._say("rllog: the delivery agent has been restarted; delivery goes on")
-                    return True
+                    failed = exc
+            if failed is None:
+                with self._lock:
+                    abandoned, proc = self._abandoned, self.proc
+                if abandoned and proc is not None:  # stop() gave up waiting for this start: nobody else stops it
+                    proc.kill()
+                    proc.wait()
+                    return False
+                self.restarts += 1
+                self.cause = died
+                if said:
+                    self._say("rllog: the delivery agent has been restarted; delivery goes on")
+                return True
+            self.cause = f"the delivery agent could not be restarted: {failed}"
             if not said:
                 said = True
                 self._say(f"rllog: {self.cause}; trying again every {LOCAL_RETRY_CAP:.0f}s")

@@ -251,8 +251,9 @@ class SinkCalls:
                     return self._fail(exc, SinkState.GAVE_UP, prefix)
                 wait = self.retry.delay(attempt, exc)
                 past_give_up = give_up and now + wait > first_failure + (self.retry.give_up_after or 0.0)
-                if past_give_up and not self.follow and isinstance(exc, RateLimited):  # a replay has no later to wait for
-                    again = time.strftime("%H:%M", time.localtime(time.time() + wait))
+                asked = isinstance(exc, RateLimited) and _seconds(exc.retry_after) is not None
+                if past_give_up and asked and not self.follow:  # a replay has no later to wait for; a backoff is waited
+                    again = time.strftime("%H:%M", time.localtime(time.time() + wait + 59))  # the minute rounded up
                     later = f"; asked to wait {wait:.0f}s, past this replay's give-up deadline: replay again after {again}"
                     return self._fail(exc, SinkState.STOPPED, prefix, later)
                 log.info("rllog: sink %r: %s%s: %s; retrying in %.2fs", self.name, prefix, type(exc).__name__, exc, wait)

@@ -136,7 +136,13 @@ def tell_finish_deadline(run_dir: str | os.PathLike, deadline: float) -> None:
     """
     path = Path(run_dir) / "delivery" / FINISH_DEADLINE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()} {deadline!r}\n")
+    written = path.with_name(f"{FINISH_DEADLINE}.{os.getpid()}.tmp")
+    try:
+        written.write_text(f"{os.getpid()} {deadline!r}\n")
+        os.replace(written, path)  # a reader sees the whole line or the one before, never a part
+    except OSError:
+        written.unlink(missing_ok=True)
+        raise
 
 
 def finish_deadline(run_dir: str | os.PathLike, trainer_pid: int | None) -> float | None:
