@@ -347,20 +347,31 @@ def test_an_orphaned_agent_told_to_retry_in_an_hour_stops_at_once_and_replay_del
     assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 51))
 
 
-def test_a_replay_told_to_come_back_after_its_give_up_deadline_stops_at_once_and_says_when(tmp_path, test_backends):
-    """A 429 asking for an hour during ``rllog replay``: the replay slept the hour (the give-up deadline, 600 s, is
-    checked only when a try fails). It now stops at once, the records pending, and says when to replay again."""
-    from rllog_test_backends import read_jsonl
-
-    run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
-    control.write_text(json.dumps({"mode": "rate_limited", "retry_after": 3600}))
-    run = rllog.init(
-        report_to="jsonl",
+def scripted_jsonl_run(run_dir: Path, control: Path, report_to: str = "jsonl", **options) -> rllog.Run:
+    """A run delivering to the test plugin's jsonl sink, whose faults the test sets in ``control`` as it goes."""
+    return rllog.init(
+        report_to=report_to,
         run_dir=run_dir,
         flush_interval=0.1,
         health=False,
         backend_options={"jsonl": {"mode": "scripted", "control": str(control)}},
+        **options,
     )
+
+
+def replay_once_the_sink_is_back(run_dir: Path, control: Path) -> list[int]:
+    """The control file back to ``ok``, one ``rllog replay`` to jsonl (which must succeed): the seqs the sink holds."""
+    control.write_text(json.dumps({"mode": "ok"}))
+    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
+    return [r["seq"] for r in jsonl(run_dir, "jsonl")[0]]
+
+
+def test_a_replay_told_to_come_back_after_its_give_up_deadline_stops_at_once_and_says_when(tmp_path, test_backends):
+    """A 429 asking for an hour during ``rllog replay``: the replay slept the hour (the give-up deadline, 600 s, is
+    checked only when a try fails). It now stops at once, the records pending, and says when to replay again."""
+    run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
+    control.write_text(json.dumps({"mode": "rate_limited", "retry_after": 3600}))
+    run = scripted_jsonl_run(run_dir, control)
     for i in range(30):
         run.log({"i": float(i)}, step=i)
     assert run.finish(timeout=3)["jsonl"].pending == 30
@@ -376,9 +387,7 @@ def test_a_replay_told_to_come_back_after_its_give_up_deadline_stops_at_once_and
     assert (cursor["state"], cursor["seq"]) == ("stopped", 0)
     assert "HTTP 429" in cursor["error"] and "asked to wait 3600s, past this replay's give-up deadline" in cursor["error"]
     assert "state pending" in replay.stdout and "replay again after" in replay.stdout
-    control.write_text(json.dumps({"mode": "ok"}))
-    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
-    assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 31))
+    assert replay_once_the_sink_is_back(run_dir, control) == list(range(1, 31))
 
 
 @pytest.mark.parametrize("delivery", ["process", "thread"])
@@ -386,20 +395,11 @@ def test_finish_does_not_wait_out_its_deadline_for_a_sink_told_to_come_back_afte
     """A 429 asking for an hour at the end of a run: ``finish(timeout=60)`` waited the whole minute for a sink that
     would not be tried before it, then stopped the agent. The agent now knows finish's deadline and stops that sink
     at once (what it holds kept, the rest pending); every other sink is delivered as usual."""
-    from rllog_test_backends import read_jsonl
-
     run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
-    run = rllog.init(
-        report_to="parquet,jsonl",
-        run_dir=run_dir,
-        flush_interval=0.1,
-        health=False,
-        delivery=delivery,
-        backend_options={"jsonl": {"mode": "scripted", "control": str(control)}},
-    )
+    run = scripted_jsonl_run(run_dir, control, "parquet,jsonl", delivery=delivery)
     for i in range(20):
         run.log({"i": float(i)}, step=i)
-    assert wait_until(lambda: len(read_jsonl(run_dir / "jsonl.jsonl")[0]) == 20, 60)
+    assert wait_until(lambda: len(jsonl(run_dir, "jsonl")[0]) == 20, 60)
     control.write_text(json.dumps({"mode": "rate_limited", "retry_after": 3600}))
     for i in range(20, 40):
         run.log({"i": float(i)}, step=i)
@@ -409,13 +409,12 @@ def test_finish_does_not_wait_out_its_deadline_for_a_sink_told_to_come_back_afte
     assert waited < 30, f"finish waited {waited:.0f}s of its 60 for a sink asked to come back in an hour"
     assert "the delivery agent was stopped at the finish deadline" not in report.notes  # it ended by itself
     assert report["parquet"].state == "delivered" and report["parquet"].delivered == 40
-    jsonl = report["jsonl"]
-    assert (jsonl.state, jsonl.delivered, jsonl.pending) == ("pending", 20, 20) and "HTTP 429" in jsonl.error
+    told_later = report["jsonl"]
+    assert (told_later.state, told_later.delivered, told_later.pending) == ("pending", 20, 20)
+    assert "HTTP 429" in told_later.error
     if delivery == "process":
         assert "its next try is after its trainer's finish deadline; stopping" in (run_dir / "agent.log").read_text()
-    control.write_text(json.dumps({"mode": "ok"}))
-    assert cli_main(["replay", str(run_dir), "--to", "jsonl"]) == 0
-    assert [r["seq"] for r in read_jsonl(run_dir / "jsonl.jsonl")[0]] == list(range(1, 41))
+    assert replay_once_the_sink_is_back(run_dir, control) == list(range(1, 41))
 
 
 def test_a_replay_backing_off_from_a_429_without_retry_after_still_tries_until_its_give_up_deadline(tmp_path, test_backends):
@@ -423,14 +422,7 @@ def test_a_replay_backing_off_from_a_429_without_retry_after_still_tries_until_i
     that is down, and the replay keeps trying until its give-up deadline, then gives the sink up."""
     run_dir, control = tmp_path / "r", tmp_path / "jsonl.control"
     control.write_text(json.dumps({"mode": "rate_limited", "retry_after": None}))
-    run = rllog.init(
-        report_to="jsonl",
-        run_dir=run_dir,
-        flush_interval=0.1,
-        health=False,
-        retry=RetryPolicy(base=0.2, cap=0.4, give_up_after=1.0),
-        backend_options={"jsonl": {"mode": "scripted", "control": str(control)}},
-    )
+    run = scripted_jsonl_run(run_dir, control, retry=RetryPolicy(base=0.2, cap=0.4, give_up_after=1.0))
     for i in range(10):
         run.log({"i": float(i)}, step=i)
     assert run.finish(timeout=3)["jsonl"].pending == 10
