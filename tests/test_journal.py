@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -139,30 +140,59 @@ def test_sigkill_loses_nothing_older_than_flush_interval(tmp_path, flush_interva
         assert found == set(range(1, max(found) + 1))  # a prefix: nothing in between lost
 
 
-def test_tables_are_encoded_on_the_thread_that_logs_them(tmp_path, monkeypatch):
+def _frames(run_dir):
+    """``(kind, seq, payload)`` of every frame in the run's journal, in order."""
+    for segment in journal.segments(journal.journal_dir(run_dir)):
+        data, pos = segment.read_bytes(), 0
+        while pos < len(data):
+            kind, seq, length, _crc = journal.header_at(data, pos)
+            yield kind, seq, data[pos + journal.HEADER.size : pos + journal.HEADER.size + length]
+            pos += journal.HEADER.size + length
+
+
+def test_a_new_table_is_encoded_by_arrow_on_the_thread_that_logs_it_and_its_repeats_as_json_on_the_writers(tmp_path, monkeypatch):
     """pyarrow's IPC writer releases the GIL several times per table; on the journal's thread that made a training
-    thread wait for the GIL at each release (docs/decisions.md), so ``append`` encodes a table before it returns."""
+    thread wait for the GIL at each release (docs/decisions.md), so ``append`` encodes an Arrow table before it
+    returns. A table with the columns of the last one of its name is not converted to Arrow at all: the writer thread
+    encodes its columns as JSON (which holds the GIL throughout), and readers get the same Arrow table back."""
     import threading
 
     import rllog
 
-    threads = []
-    encode_table = journal.writer.encode_table
+    arrow_threads, json_threads = [], []
+    encode_table, encode_table_columns = journal.writer.encode_table, journal.writer.encode_table_columns
 
-    def spy(*args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return encode_table(*args, **kwargs)
+    def spy(threads, encode):
+        def spying(*args, **kwargs):
+            threads.append(threading.current_thread().name)
+            return encode(*args, **kwargs)
 
-    monkeypatch.setattr(journal.writer, "encode_table", spy)
+        return spying
+
+    monkeypatch.setattr(journal.writer, "encode_table", spy(arrow_threads, encode_table))
+    monkeypatch.setattr(journal.writer, "encode_table_columns", spy(json_threads, encode_table_columns))
     run = rllog.init(["parquet"], run_dir=tmp_path / "run", delivery="thread", system_metrics=False)
     for step in range(3):
-        run.log_table("completions", {"step": [step, step], "text": ["a", "b"]}, step=step)
+        run.log_table("completions", {"step": [step, step], "text": ["a", "b"], "score": [0.5, float("nan")]}, step=step)
         run.log({"loss": step / 2}, step=step)
+    run.log_table("completions", {"step": [3], "text": [None], "score": [2.0]}, step=3)  # a new shape: Arrow again
     assert run.finish().ok
-    assert threads == [threading.current_thread().name] * 3
+    assert arrow_threads == [threading.current_thread().name] * 2 and json_threads == ["rllog-journal"] * 2
+    kinds = [
+        kind for kind, _seq, _payload in _frames(tmp_path / "run") if kind in (journal.KIND_TABLE, journal.KIND_TABLE_COLUMNS)
+    ]
+    assert kinds == [journal.KIND_TABLE, journal.KIND_TABLE_COLUMNS, journal.KIND_TABLE_COLUMNS, journal.KIND_TABLE]
     tables = [r for r in read_all(tmp_path / "run") if isinstance(r, TableRecord)]
-    assert [(r.step, r.table.column("text").to_pylist()) for r in tables] == [(s, ["a", "b"]) for s in range(3)]
-    assert rllog.read_table(tmp_path / "run", "completions").column("step").to_pylist() == [0, 0, 1, 1, 2, 2]
+    first = tables[0].table.schema
+    assert all(r.table.schema.equals(first) for r in tables[:3])  # the repeats read back with the first one's types
+    assert [(r.step, r.table.column("text").to_pylist(), r.table.column("step").to_pylist()) for r in tables[:3]] == [
+        (s, ["a", "b"], [s, s]) for s in range(3)
+    ]
+    scores = [r.table.column("score").to_pylist() for r in tables[:3]]
+    assert [s[0] for s in scores] == [0.5] * 3 and all(math.isnan(s[1]) for s in scores)
+    stored = rllog.read_table(tmp_path / "run", "completions")
+    assert stored.column("step").to_pylist() == [0, 0, 1, 1, 2, 2, 3]
+    assert stored.column("text").to_pylist() == ["a", "b"] * 3 + [None]
 
 
 def test_a_tables_journal_bytes_do_not_depend_on_pyarrows_legacy_format_variables(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from rllog.journal.format import (
     KIND_END,
     KIND_METRICS,
     KIND_TABLE,
+    KIND_TABLE_COLUMNS,
     KINDS,
     MAGIC,
     MAX_FRAME,
@@ -35,6 +36,7 @@ from rllog.journal.format import (
     encode_end,
     encode_metrics,
     encode_table,
+    encode_table_columns,
     frame,
     header_at,
     journal_dir,
@@ -42,7 +44,7 @@ from rllog.journal.format import (
     segments,
 )
 from rllog.journal.reader import Damage, JournalReader, JournalScan, Scanner, last_seq, last_step, read_all, scan
-from rllog.journal.writer import JournalWriter, PendingMetrics, WriterStats
+from rllog.journal.writer import JournalWriter, PendingMetrics, PendingTable, WriterStats
 
 __all__ = [
     "DAMAGE_PLACES_KEPT",
@@ -55,6 +57,7 @@ __all__ = [
     "KIND_END",
     "KIND_METRICS",
     "KIND_TABLE",
+    "KIND_TABLE_COLUMNS",
     "MAGIC",
     "MAX_FRAME",
     "READ_ALL_BYTES",
@@ -68,6 +71,7 @@ __all__ = [
     "JournalScan",
     "JournalWriter",
     "PendingMetrics",
+    "PendingTable",
     "Record",
     "Scanner",
     "WriterStats",
@@ -77,6 +81,7 @@ __all__ = [
     "encode_end",
     "encode_metrics",
     "encode_table",
+    "encode_table_columns",
     "frame",
     "header_at",
     "journal_dir",

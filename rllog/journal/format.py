@@ -17,13 +17,16 @@ once its header checksum holds, so one damaged byte anywhere costs at most the f
   exists, it is skipped and counted as torn.
 
 Kinds: metrics (JSON ``{"step", "time", "values"}``; NaN/inf as JSON's NaN/Infinity), table (u32 header
-length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), alert (JSON of the
+length, JSON header ``{"step", "time", "name"}``, Arrow IPC stream), table as columns (u32 header length, the same
+JSON header, u32 schema length, the table's Arrow schema as an IPC message, then JSON ``{column: [cells]}`` read as
+``pa.table(columns, schema=schema)``: a table that repeats the columns of the last one of its name, encoded on the
+writer's thread without Arrow, :class:`rllog.validate.TableColumns`), alert (JSON of the
 :class:`AlertRecord` fields), config (JSON ``{"step", "time", "values"}``), end (JSON ``{"status", "time"}``,
 seq 0). A resumed run (a new attempt) starts a new segment; an end marker followed by a later segment
 ended an attempt, not the run.
 
 One background thread per run writes (:class:`rllog.journal.JournalWriter`, :mod:`rllog.journal.writer`);
-``append`` only puts the entry in a deque (no disk wait; a table is encoded first, on the caller's thread). A writer
+``append`` only puts the entry in a deque (no disk wait; an Arrow table is encoded first, on the caller's thread). A writer
 never appends to a segment it did not create, and a write the disk refuses halfway (ENOSPC) is cut back to the last
 complete frame and retried later: a segment never holds a broken frame except a crash's tail. Readers:
 :mod:`rllog.journal.reader`. This module is the format: its constants, framing, encoding and decoding.
@@ -45,8 +48,8 @@ from rllog.records import AlertRecord, ConfigRecord, MetricsRecord, TableRecord
 MAGIC = b"RLJ2"
 HEADER_PREFIX = struct.Struct("<4sBBHQI")  # the 20 bytes header_crc covers
 HEADER = struct.Struct("<4sBBHQIII")
-KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG = 1, 2, 3, 4, 5
-KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG)
+KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG, KIND_TABLE_COLUMNS = 1, 2, 3, 4, 5, 6
+KINDS = (KIND_METRICS, KIND_TABLE, KIND_END, KIND_ALERT, KIND_CONFIG, KIND_TABLE_COLUMNS)
 SEGMENT_BYTES = 64 * 1024 * 1024
 SUFFIX = ".rlj"
 READ_CHUNK = 4 * 1024 * 1024
@@ -126,6 +129,14 @@ def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> b
     return frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
 
 
+def encode_table_columns(seq: int, step: int, t: float, name: str, columns: dict[str, list], schema_ipc: bytes) -> bytes:
+    header = json.dumps({"step": step, "time": t, "name": name}).encode()
+    cells = json.dumps(columns, separators=(",", ":")).encode()
+    return frame(
+        KIND_TABLE_COLUMNS, seq, struct.pack("<I", len(header)) + header + struct.pack("<I", len(schema_ipc)) + schema_ipc + cells
+    )
+
+
 @dataclass(frozen=True)
 class EncodedEntry:
     """An entry encoded on the thread that appended it (a table: see :meth:`JournalWriter.append`)."""
@@ -168,6 +179,13 @@ def decode_frame(kind: int, seq: int, payload: bytes) -> Record | End:
         (n,) = struct.unpack_from("<I", payload)
         header = json.loads(payload[4 : 4 + n])
         table = pa.ipc.open_stream(pa.py_buffer(payload[4 + n :])).read_all()
+        return TableRecord(seq, header["step"], header["time"], header["name"], table)
+    if kind == KIND_TABLE_COLUMNS:
+        (n,) = struct.unpack_from("<I", payload)
+        header = json.loads(payload[4 : 4 + n])
+        (m,) = struct.unpack_from("<I", payload, 4 + n)
+        schema = pa.ipc.read_schema(pa.py_buffer(payload[8 + n : 8 + n + m]))
+        table = pa.table(json.loads(payload[8 + n + m :]), schema=schema)
         return TableRecord(seq, header["step"], header["time"], header["name"], table)
     data = json.loads(payload)
     return End(data["status"], data["time"])

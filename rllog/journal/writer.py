@@ -26,6 +26,7 @@ from rllog.journal.format import (
     encode_end,
     encode_metrics,
     encode_table,
+    encode_table_columns,
     journal_dir,
     segments,
 )
@@ -45,6 +46,18 @@ class PendingMetrics:
     values: dict[str, float]
     tensor_keys: tuple[str, ...] = ()
     tensors: Any = None
+
+
+@dataclass
+class PendingTable:
+    """A ``log_table`` call whose table repeats the columns of the last one of its name (``columns``: a
+    :class:`rllog.validate.TableColumns`): the writer thread encodes it, as JSON."""
+
+    seq: int
+    step: int
+    time: float
+    name: str
+    columns: Any
 
 
 def _materialise_tensors(entries: list[PendingMetrics]) -> None:
@@ -85,9 +98,16 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
             entry.tensors = None
 
 
-def _encode(entry: PendingMetrics | TableRecord | AlertRecord | ConfigRecord) -> bytes:
+Entry = PendingMetrics | PendingTable | TableRecord | AlertRecord | ConfigRecord
+
+
+def _encode(entry: Entry) -> bytes:
     if isinstance(entry, PendingMetrics):
         return encode_metrics(entry.seq, entry.step, entry.time, entry.values)
+    if isinstance(entry, PendingTable):
+        return encode_table_columns(
+            entry.seq, entry.step, entry.time, entry.name, entry.columns.columns, entry.columns.schema_ipc
+        )
     if isinstance(entry, AlertRecord):
         return encode_alert(entry)
     if isinstance(entry, ConfigRecord):
@@ -173,14 +193,15 @@ class JournalWriter:
             path = self.directory / f"{first_seq:012d}.{n}{SUFFIX}"
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
 
-    def append(self, entry: PendingMetrics | TableRecord | AlertRecord | ConfigRecord) -> None:
+    def append(self, entry: Entry) -> None:
         """Queue one entry; returns without waiting for the disk.
 
-        A table is encoded here, on the caller's thread (~0.1 ms for a 16-row completions table). pyarrow's IPC
+        An Arrow table is encoded here, on the caller's thread (~0.1 ms for a 16-row completions table). pyarrow's IPC
         writer releases the GIL several times per table, and each time it did so on the writer thread a training
         thread that released the GIL meanwhile (every torch op does) had to wait to take it back: in a tiny GRPO run
         (parquet only, 240 steps) the training thread blocked ~1,050 times instead of ~350, and its CPU time per
-        step rose ~1 ms (docs/decisions.md).
+        step rose ~1 ms (docs/decisions.md). A :class:`PendingTable` (the same columns as the last table of its name,
+        the common case) is encoded on the writer thread instead: as JSON, which holds the GIL throughout.
         """
         if isinstance(entry, TableRecord):
             try:

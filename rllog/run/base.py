@@ -66,8 +66,15 @@ class RunBase:
         return floats, tensors
 
     def _prepare_table(self, name: str, table: Any) -> Any:
+        """``table`` checked for every selected store: a :class:`~rllog.validate.TableColumns` when it repeats the
+        columns of the last table of its name (no Arrow work on this thread), else a ``pyarrow.Table``."""
+        gathered = self._distributed and self._takes_tables
+        if not gathered:
+            repeated = self._table_schemas.repeat(name, table)
+            if repeated is not None:
+                return repeated
         arrow = to_arrow_table(name, table)
-        if self._distributed and self._takes_tables:
+        if gathered:
             rows = distributed.gather_rows(arrow.to_pylist())
             arrow = to_arrow_table(name, rows) if rows is not None else None
         if arrow is None:
@@ -77,6 +84,8 @@ class RunBase:
             self._table_checks = table_checks(self._selected)
         for check in self._table_checks:  # what each selected store can hold (a Parquet column type, ...)
             check(name, arrow)
+        if not gathered:
+            self._table_schemas.remember(name, table, arrow)
         return arrow
 
     @property

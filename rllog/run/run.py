@@ -20,7 +20,7 @@ from typing import Any
 
 from rllog import journal, messages, settings
 from rllog.errors import ForkedChild, InvalidArgument, RunFinished
-from rllog.journal import JournalWriter, PendingMetrics
+from rllog.journal import JournalWriter, PendingMetrics, PendingTable
 from rllog.records import RUN_STATUSES, AlertRecord, ConfigRecord, TableRecord
 from rllog.run import delivery_link, signals
 from rllog.run.base import RunBase, takes_tables
@@ -41,7 +41,7 @@ from rllog.settings import (
     JOURNAL_WRITE_INTERVAL,
     STOP_GRACE_SECONDS,
 )
-from rllog.validate import check_step, flatten_config, redact, stack_scalars
+from rllog.validate import TableColumns, check_step, flatten_config, redact, stack_scalars
 
 log = logging.getLogger("rllog")
 
@@ -235,11 +235,11 @@ class Run(RunBase):
             InvalidTable: ragged columns (names each column's length), a column type no tracker can
                 store, or a column whose type changed since an earlier call with this name.
         """
-        arrow = self._prepare_table(name, table)
+        prepared = self._prepare_table(name, table)
         if step is not None:
             step = check_step(step)
         table_step = step if step is not None else (lambda: self._trainer_step(max(self._step, 0)))
-        self._append(TableRecord, (name, arrow), table_step)
+        self._append(PendingTable if isinstance(prepared, TableColumns) else TableRecord, (name, prepared), table_step)
 
     def _log_system(self, sample: dict[str, Any]) -> None:
         """A sample of the trainer's system metrics, taken by the agent: journaled at the trainer's current step."""

@@ -9,7 +9,7 @@ from rllog.validate.config import flatten_config
 from rllog.validate.metrics import INT64_MAX, check_step, flatten, is_tensor, normalise_metrics, stack_scalars, to_scalar
 from rllog.validate.nesting import MAX_NESTING_DEPTH, check_nesting
 from rllog.validate.secrets import REDACTED, is_secret_key, redact, redact_args, redact_text
-from rllog.validate.tables import PROMOTION_RULE, RESERVED_TABLE_COLUMNS, TableSchemas, to_arrow_table
+from rllog.validate.tables import PROMOTION_RULE, RESERVED_TABLE_COLUMNS, TableColumns, TableSchemas, to_arrow_table
 
 __all__ = [
     "INT64_MAX",
@@ -17,6 +17,7 @@ __all__ = [
     "PROMOTION_RULE",
     "REDACTED",
     "RESERVED_TABLE_COLUMNS",
+    "TableColumns",
     "TableSchemas",
     "check_nesting",
     "check_step",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -135,10 +136,77 @@ PROMOTION_RULE = (
 )
 
 
+@dataclass(frozen=True)
+class TableColumns:
+    """A table logged as Python columns that :meth:`TableSchemas.repeat` found to be a repeat of the last accepted
+    table of its name: ``columns`` (copies of the caller's lists) convert to ``schema``, checked already.
+
+    It is journaled as JSON beside ``schema_ipc`` (the schema as an Arrow IPC message) on the journal writer's
+    thread, and read back as ``pa.table(columns, schema=schema)``: the training thread never runs pyarrow for it.
+    """
+
+    columns: dict[str, list]
+    schema: pa.Schema
+    schema_ipc: bytes
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The Python form of the last table a name accepted: column names, each column's cell types, its Arrow schema."""
+
+    names: tuple[str, ...]
+    cell_types: tuple[frozenset[type], ...]
+    schema: pa.Schema
+    schema_ipc: bytes
+
+
+# The cells whose Arrow type follows from their Python types alone: an int column ({int}) needs its values in int64
+# (checked by TableColumns' caller), text needs to be valid UTF-8 (checked too); bytes are turned into text by
+# _plain_columns, so a table with bytes always takes the full path.
+_REPEATABLE_CELLS = frozenset((str, int, float, bool, type(None)))
+_NONE = frozenset((type(None),))
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _python_shape(table: Any) -> tuple[tuple[str, ...], tuple[frozenset[type], ...]] | None:
+    """``(names, cell types per column)`` of a dict of lists of flat cells that :meth:`TableSchemas.repeat` can
+    take, else None. Each column holds one type besides None, and an int column nothing else: Arrow's type for
+    such a column follows from that type (for ints, from their range too, which ``repeat`` checks)."""
+    if type(table) is not dict or not table:
+        return None
+    names = tuple(table)
+    if not all(type(name) is str for name in names):
+        return None
+    cell_types = []
+    for cells in table.values():
+        if type(cells) is not list:
+            return None
+        kinds = frozenset(map(type, cells))
+        if not _REPEATABLE_CELLS.issuperset(kinds) or len(kinds - _NONE) > 1 or (int in kinds and len(kinds) > 1):
+            return None
+        cell_types.append(kinds)
+    return names, tuple(cell_types)
+
+
+def _valid_text(cells: list) -> bool:
+    """Whether every text cell encodes as UTF-8 (a lone surrogate does not; the full path replaces it)."""
+    text = "".join(filter(None, cells))
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class TableSchemas:
     """The columns of each table name so far: what a run checks every ``log_table`` against, so that
     every table it accepts can be stored with the earlier ones of that name (parquet concatenates a
     table's parts with Arrow's permissive promotion).
+
+    A table logged every step has the columns of its last call: :meth:`repeat` recognises it from its Python
+    types alone, so that only a table that differs from the last one of its name is converted on the caller's thread.
 
     Example:
         >>> schemas = TableSchemas()
@@ -156,7 +224,54 @@ class TableSchemas:
         # Extremes of the 64-bit integer columns seen: promoting them (int64 -> double, uint64 -> int64)
         # fails on values the new type cannot hold exactly, and parquet would meet that only when writing.
         self._extremes: dict[str, dict[str, tuple[int, int]]] = {}
+        self._shapes: dict[str, _Shape] = {}
         self._lock = threading.Lock()
+
+    def repeat(self, name: str, table: Any) -> TableColumns | None:
+        """``table`` (a dict of lists) as :class:`TableColumns` when its columns have the names and cell types of the
+        last table :meth:`remember` kept for ``name``, and their values fit that table's Arrow types; else None (the
+        caller converts it with :func:`to_arrow_table` and :meth:`check`). Accepting it records its int extremes as
+        :meth:`check` does. The sinks' ``check_table`` decided on the same name and schema already.
+        """
+        shape = self._shapes.get(name)
+        if shape is None or _python_shape(table) != (shape.names, shape.cell_types):
+            return None
+        columns = {column: list(cells) for column, cells in table.items()}  # the caller may reuse its lists
+        if len({len(cells) for cells in columns.values()}) > 1:
+            return None  # ragged: to_arrow_table says how
+        extremes = {}
+        for (column, cells), kinds in zip(columns.items(), shape.cell_types, strict=True):
+            if int in kinds and cells:
+                low, high = min(cells), max(cells)
+                if low < _INT64_MIN or high > _INT64_MAX:
+                    return None
+                extremes[column] = (low, high)
+            elif str in kinds and not _valid_text(cells):
+                return None
+        with self._lock:
+            if self._schemas.get(name) is not shape.schema:  # another table of this name changed its columns since
+                return None
+            self._extremes[name] = _merge_extremes(shape.schema, self._extremes[name], extremes)
+        return TableColumns(columns, shape.schema, shape.schema_ipc)
+
+    def remember(self, name: str, table: Any, arrow: pa.Table) -> None:
+        """Keep the Python shape of ``table`` (as the caller passed it; ``arrow`` is what it became, every check
+        passed) for :meth:`repeat`, when it is a dict of lists of flat cells with the columns ``name`` has now, its
+        int columns int64 (the type ``repeat``'s range check is for)."""
+        shape = _python_shape(table)
+        with self._lock:
+            known = self._schemas.get(name)
+            if (
+                shape is None
+                or known is None
+                or not arrow.schema.equals(known)
+                or any(int in kinds and field.type != pa.int64() for kinds, field in zip(shape[1], known, strict=True))
+            ):
+                self._shapes.pop(name, None)
+                return
+            old = self._shapes.get(name)
+            ipc = old.schema_ipc if old is not None and old.schema is known else known.serialize().to_pybytes()
+            self._shapes[name] = _Shape(*shape, known, ipc)
 
     def check(self, name: str, table: pa.Table) -> pa.Table:
         """``table``, once it is known that it can be stored with the earlier tables called ``name``.
