@@ -86,39 +86,6 @@ def test_grpo_with_mixin_logs_metrics_custom_metric_completions_and_profiling(ti
     assert all(r["reward_has_digit"] == (1.0 if any(c.isdigit() for c in r["completion"]) else 0.0) for r in rows)
 
 
-def test_every_trl_profiling_timing_lands_with_its_value_and_step_the_timings_of_a_step_in_few_records(
-    tiny_model, tmp_path, monkeypatch
-):
-    """TRL times ~9 things a step; the mixin holds a step's timings and logs them together (a timing taken twice in a
-    step starts a new record), so the training thread makes one ``log`` call a step for them, not one per timing."""
-    from trl.extras.profiling import ProfilingContext
-
-    from rllog.journal import read_all
-    from rllog.records import MetricsRecord
-
-    run_dir = tmp_path / "run"
-    trainer = make_grpo_trainer(
-        tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)}
-    )
-    taken = []
-    routed = ProfilingContext._log_metrics  # the mixin's, installed when the trainer was built
-
-    def spy(self, duration):
-        taken.append((PROFILED + self.name.split(".", 1)[1], trainer.rllog_callback.current_step(), duration))
-        return routed(self, duration)
-
-    monkeypatch.setattr(ProfilingContext, "_log_metrics", spy)
-    trainer.train()
-    assert trainer.rllog_run.finish().ok
-    landed = [(k, s, v) for k, series in metric_series(run_dir).items() if k.startswith(PROFILED) for s, v in series]
-    assert sorted(landed) == sorted(taken) and len(taken) >= 3 * 8
-    records = [r for r in read_all(run_dir) if isinstance(r, MetricsRecord) and any(k.startswith(PROFILED) for k in r.values)]
-    assert sum(len(r.values) for r in records) == len(taken)
-    assert all(all(k.startswith(PROFILED) for k in r.values) for r in records)
-    steps = [r.step for r in records]
-    assert steps == sorted(steps) and len(records) <= 3 * 3  # ~9 timings a step in at most 3 records
-
-
 def test_mixin_removes_transformers_callbacks_for_the_names_it_serves(tiny_model, tmp_path):
     from transformers.integrations import TensorBoardCallback
 

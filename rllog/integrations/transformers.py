@@ -556,10 +556,6 @@ class RLLogCallback(TrainerCallback):
             if not self._training:
                 self._ask_for_flush()
 
-    def current_step(self) -> int:
-        """The trainer's step as the run numbers it: inside a training step, the step being trained."""
-        return self._clock.current()
-
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if not state.is_world_process_zero:
             self.start_elsewhere()

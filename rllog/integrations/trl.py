@@ -57,39 +57,10 @@ EVAL_TABLE = "eval/completions"
 TRAIN_TABLE = "completions"
 _THIS_FILE = (lambda: None).__code__.co_filename  # what the warnings module reports for a frame of this module
 # While a mixin trainer trains or evaluates: the callback whose run TRL's profiling timings go to, the trainer's class
-# name, the name of the TRL class it derives from (the timings are named after TRL's class, whatever the user's is)
-# and the timings of the step not yet logged.
-_profiling_callback: contextvars.ContextVar[tuple[RLLogCallback, str, str, _StepTimings] | None] = contextvars.ContextVar(
+# name and the name of the TRL class it derives from (the timings are named after TRL's class, whatever the user's is).
+_profiling_callback: contextvars.ContextVar[tuple[RLLogCallback, str, str] | None] = contextvars.ContextVar(
     "rllog_profiling_callback", default=None
 )
-
-
-class _StepTimings:
-    """TRL's profiling timings, held until their step is over and logged as one record: a timing taken again in
-    the same step, or at another step, starts the next record. A GRPO step takes ~9 timings: one ``Run.log`` each
-    cost ~10 us a step on the training thread (cache-cold between torch steps) and was one record each for every
-    tracker; the keys, values and steps that land are the same."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, float] = {}
-        self.step = 0
-        self.run: Any = None
-
-    def add(self, run: Any, key: str, duration: float, step: int) -> None:
-        if self.values and (step != self.step or key in self.values or run is not self.run):
-            self.log()
-        self.run, self.step = run, step
-        self.values[key] = duration
-
-    def log(self) -> None:
-        """Log the timings held, at their step."""
-        if not self.values:
-            return
-        values, self.values = self.values, {}
-        try:
-            self.run.log(values, step=self.step)
-        except RunFinished:
-            pass  # the user finished the run and trains on: there is nowhere to log
 
 
 def _trl_class_name(cls: type) -> str:
@@ -101,9 +72,9 @@ def _trl_class_name(cls: type) -> str:
     return cls.__name__
 
 
-def _profiling_name(name: str, current: tuple[RLLogCallback, str, str, _StepTimings]) -> str:
+def _profiling_name(name: str, current: tuple[RLLogCallback, str, str]) -> str:
     """TRL's timing name (``<class>.<method>``) with the user's class name replaced by TRL's."""
-    _, own, trl, _ = current
+    _, own, trl = current
     return trl + name[len(own) :] if name.startswith(own + ".") else name
 
 
@@ -211,8 +182,10 @@ def _route_profiling_through_rllog() -> None:
         run = current[0].run if current is not None else None
         if current is None or run is None or not self.is_main_process:
             return
-        key = f"{self.metric_prefix}: {_profiling_name(self.name, current)}"
-        current[3].add(run, key, duration, current[0].current_step())  # at the step being trained
+        try:
+            run.log({f"{self.metric_prefix}: {_profiling_name(self.name, current)}": duration})  # at the step being trained
+        except RunFinished:
+            pass  # the user finished the run and trains on: there is nowhere to log
 
     _log_metrics._rllog = True  # type: ignore[attr-defined]
     ProfilingContext._log_metrics = _log_metrics
@@ -268,7 +241,6 @@ class RLLogMixin(_TrainerBase):
         self._warn_tracker_callbacks(ours)
         # TRL's completions table and profiling read args.report_to; rllog serves those names now.
         self.args.report_to = theirs
-        self._rllog_timings = _StepTimings()
         _route_profiling_through_rllog()
 
     def _warn_tracker_callbacks(self, ours: list[str]) -> None:
@@ -290,8 +262,8 @@ class RLLogMixin(_TrainerBase):
         the main one)."""
         return self.rllog_callback.run
 
-    def _profiling_target(self) -> tuple[RLLogCallback, str, str, _StepTimings]:
-        return self.rllog_callback, type(self).__name__, _trl_class_name(type(self)), self._rllog_timings
+    def _profiling_target(self) -> tuple[RLLogCallback, str, str]:
+        return self.rllog_callback, type(self).__name__, _trl_class_name(type(self))
 
     def train(self, *args: Any, **kwargs: Any):
         token = _profiling_callback.set(self._profiling_target())
@@ -304,7 +276,6 @@ class RLLogMixin(_TrainerBase):
             self.rllog_callback.train_raised("failed")
             raise
         finally:
-            self._rllog_timings.log()
             _profiling_callback.reset(token)
 
     def evaluate(self, *args: Any, **kwargs: Any):
@@ -318,7 +289,6 @@ class RLLogMixin(_TrainerBase):
         try:
             return super().evaluate(*args, **kwargs)
         finally:
-            self._rllog_timings.log()
             _profiling_callback.reset(token)
 
     def push_to_hub(self, *args: Any, **kwargs: Any):
@@ -327,7 +297,6 @@ class RLLogMixin(_TrainerBase):
         return super().push_to_hub(*args, **kwargs)
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
-        self._rllog_timings.log()  # the step's timings before its metrics
         table = self._rllog_completions() if self.accelerator.is_main_process else None
         super().log(logs, start_time)
         if table is not None and self.rllog_run is not None:
