@@ -131,7 +131,7 @@ def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> b
 
 def encode_table_columns(seq: int, step: int, t: float, name: str, columns: dict[str, list], schema_ipc: bytes) -> bytes:
     header = json.dumps({"step": step, "time": t, "name": name}).encode()
-    cells = json.dumps(columns, separators=(",", ":")).encode()
+    cells = json.dumps(columns, separators=(",", ":"), ensure_ascii=False).encode()  # text checked valid UTF-8
     return frame(
         KIND_TABLE_COLUMNS, seq, struct.pack("<I", len(header)) + header + struct.pack("<I", len(schema_ipc)) + schema_ipc + cells
     )
