@@ -111,8 +111,13 @@ def frame(kind: int, seq: int, payload: bytes) -> bytes:
     return prefix + struct.pack("<II", head_crc, zlib.crc32(payload, head_crc)) + payload
 
 
+# Made once: ``json.dumps`` with any argument of its own builds a new encoder per call (~0.6 us of a 2-us record).
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+_COMPACT_UTF8_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_metrics(seq: int, step: int, t: float, values: dict[str, float]) -> bytes:
-    return frame(KIND_METRICS, seq, json.dumps({"step": step, "time": t, "values": values}, separators=(",", ":")).encode())
+    return frame(KIND_METRICS, seq, _COMPACT_JSON.encode({"step": step, "time": t, "values": values}).encode())
 
 
 # Given, pyarrow's writer does not read ARROW_PRE_0_15_IPC_FORMAT and ARROW_PRE_1_0_METADATA_VERSION from the
@@ -131,7 +136,7 @@ def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> b
 
 def encode_table_columns(seq: int, step: int, t: float, name: str, columns: dict[str, list], schema_ipc: bytes) -> bytes:
     header = json.dumps({"step": step, "time": t, "name": name}).encode()
-    cells = json.dumps(columns, separators=(",", ":"), ensure_ascii=False).encode()  # text checked valid UTF-8
+    cells = _COMPACT_UTF8_JSON.encode(columns).encode()  # its text was checked to be valid UTF-8
     return frame(
         KIND_TABLE_COLUMNS, seq, struct.pack("<I", len(header)) + header + struct.pack("<I", len(schema_ipc)) + schema_ipc + cells
     )
