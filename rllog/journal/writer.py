@@ -50,14 +50,14 @@ class PendingMetrics:
 
 @dataclass
 class PendingTable:
-    """A ``log_table`` call whose table repeats the columns of the last one of its name (``columns``: a
+    """A ``log_table`` call whose table repeats the columns of the last one of its name (``table``: a
     :class:`rllog.validate.TableColumns`): the writer thread encodes it, as JSON."""
 
     seq: int
     step: int
     time: float
     name: str
-    columns: Any
+    table: Any
 
 
 def _materialise_tensors(entries: list[PendingMetrics]) -> None:
@@ -105,9 +105,7 @@ def _encode(entry: Entry) -> bytes:
     if isinstance(entry, PendingMetrics):
         return encode_metrics(entry.seq, entry.step, entry.time, entry.values)
     if isinstance(entry, PendingTable):
-        return encode_table_columns(
-            entry.seq, entry.step, entry.time, entry.name, entry.columns.columns, entry.columns.schema_ipc
-        )
+        return encode_table_columns(entry.seq, entry.step, entry.time, entry.name, entry.table.columns, entry.table.schema_ipc)
     if isinstance(entry, AlertRecord):
         return encode_alert(entry)
     if isinstance(entry, ConfigRecord):

@@ -152,20 +152,27 @@ class TableColumns:
 
 @dataclass(frozen=True)
 class _Shape:
-    """The Python form of the last table a name accepted: column names, each column's cell types, its Arrow schema."""
+    """The Python form of the last table a name accepted: column names, each column's cell types, the Arrow schema
+    that table became (``schema``, as an IPC message in ``schema_ipc``), and the name's columns it was checked
+    against (``merged``: a repeat is taken only while they are still the name's)."""
 
     names: tuple[str, ...]
     cell_types: tuple[frozenset[type], ...]
     schema: pa.Schema
     schema_ipc: bytes
+    merged: pa.Schema
 
 
 # The cells whose Arrow type follows from their Python types alone: an int column ({int}) needs its values in int64
-# (checked by TableColumns' caller), text needs to be valid UTF-8 (checked too); bytes are turned into text by
+# and text needs to be valid UTF-8 (both checked by TableSchemas.repeat); bytes are turned into text by
 # _plain_columns, so a table with bytes always takes the full path.
 _REPEATABLE_CELLS = frozenset((str, int, float, bool, type(None)))
 _NONE = frozenset((type(None),))
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Larger tables take the full path: the writer thread encodes a repeat as JSON holding the GIL for the whole table,
+# and the reader builds its Python objects before Arrow's; at this size that is ~1 ms, and the full path's cost is
+# per cell rather than the fixed, cache-cold part the repeat path saves.
+REPEAT_MAX_CELLS = 8192
 
 
 def _python_shape(table: Any) -> tuple[tuple[str, ...], tuple[frozenset[type], ...]] | None:
@@ -233,12 +240,17 @@ class TableSchemas:
         caller converts it with :func:`to_arrow_table` and :meth:`check`). Accepting it records its int extremes as
         :meth:`check` does. The sinks' ``check_table`` decided on the same name and schema already.
         """
-        shape = self._shapes.get(name)
-        if shape is None or _python_shape(table) != (shape.names, shape.cell_types):
+        shape = self._shapes.get(name) if type(name) is str else None
+        if shape is None or type(table) is not dict or len(table) != len(shape.names):
             return None
-        columns = {column: list(cells) for column, cells in table.items()}  # the caller may reuse its lists
-        if len({len(cells) for cells in columns.values()}) > 1:
-            return None  # ragged: to_arrow_table says how
+        if not all(type(cells) is list for cells in table.values()):
+            return None
+        columns = {column: list(cells) for column, cells in table.items()}  # checked and kept: the caller may reuse its lists
+        if _python_shape(columns) != (shape.names, shape.cell_types):
+            return None
+        rows = {len(cells) for cells in columns.values()}
+        if len(rows) > 1 or rows.pop() * len(columns) > REPEAT_MAX_CELLS:
+            return None  # ragged (to_arrow_table says how), or large
         extremes = {}
         for (column, cells), kinds in zip(columns.items(), shape.cell_types, strict=True):
             if int in kinds and cells:
@@ -249,15 +261,16 @@ class TableSchemas:
             elif str in kinds and not _valid_text(cells):
                 return None
         with self._lock:
-            if self._schemas.get(name) is not shape.schema:  # another table of this name changed its columns since
+            if self._schemas.get(name) is not shape.merged:  # another table of this name changed its columns since
                 return None
-            self._extremes[name] = _merge_extremes(shape.schema, self._extremes[name], extremes)
+            self._extremes[name] = _merge_extremes(shape.merged, self._extremes[name], extremes)
         return TableColumns(columns, shape.schema, shape.schema_ipc)
 
     def remember(self, name: str, table: Any, arrow: pa.Table) -> None:
         """Keep the Python shape of ``table`` (as the caller passed it; ``arrow`` is what it became, every check
-        passed) for :meth:`repeat`, when it is a dict of lists of flat cells with the columns ``name`` has now, its
-        int columns int64 (the type ``repeat``'s range check is for)."""
+        passed) for :meth:`repeat`, when it is a dict of lists of flat cells with the columns ``name`` has now, under
+        the names it gave them (a name that was not valid UTF-8 was replaced), its int columns int64 (the type
+        ``repeat``'s range check is for)."""
         shape = _python_shape(table)
         with self._lock:
             known = self._schemas.get(name)
@@ -265,13 +278,15 @@ class TableSchemas:
                 shape is None
                 or known is None
                 or not arrow.schema.equals(known)
-                or any(int in kinds and field.type != pa.int64() for kinds, field in zip(shape[1], known, strict=True))
+                or shape[0] != tuple(arrow.schema.names)
+                or any(int in kinds and field.type != pa.int64() for kinds, field in zip(shape[1], arrow.schema, strict=True))
             ):
                 self._shapes.pop(name, None)
                 return
             old = self._shapes.get(name)
-            ipc = old.schema_ipc if old is not None and old.schema is known else known.serialize().to_pybytes()
-            self._shapes[name] = _Shape(*shape, known, ipc)
+            same = old is not None and old.merged is known and old.schema.equals(arrow.schema, check_metadata=True)
+            schema = old.schema if same else arrow.schema
+            self._shapes[name] = _Shape(*shape, schema, old.schema_ipc if same else schema.serialize().to_pybytes(), known)
 
     def check(self, name: str, table: pa.Table) -> pa.Table:
         """``table``, once it is known that it can be stored with the earlier tables called ``name``.
