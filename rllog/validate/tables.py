@@ -284,9 +284,11 @@ class TableSchemas:
                 self._shapes.pop(name, None)
                 return
             old = self._shapes.get(name)
-            same = old is not None and old.merged is known and old.schema.equals(arrow.schema, check_metadata=True)
-            schema = old.schema if same else arrow.schema
-            self._shapes[name] = _Shape(*shape, schema, old.schema_ipc if same else schema.serialize().to_pybytes(), known)
+            if old is not None and old.merged is known and old.schema.equals(arrow.schema, check_metadata=True):
+                schema, ipc = old.schema, old.schema_ipc
+            else:
+                schema, ipc = arrow.schema, arrow.schema.serialize().to_pybytes()
+            self._shapes[name] = _Shape(*shape, schema, ipc, known)
 
     def check(self, name: str, table: pa.Table) -> pa.Table:
         """``table``, once it is known that it can be stored with the earlier tables called ``name``.
