@@ -126,20 +126,22 @@ def encode_metrics(seq: int, step: int, t: float, values: dict[str, float]) -> b
 IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
-def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> bytes:
+def _table_header(step: int, t: float, name: str) -> bytes:
+    """What both table kinds start with: u32 length, JSON ``{"step", "time", "name"}``."""
     header = json.dumps({"step": step, "time": t, "name": name}).encode()
+    return struct.pack("<I", len(header)) + header
+
+
+def encode_table(seq: int, step: int, t: float, name: str, table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=IPC_OPTIONS) as stream:
         stream.write_table(table)
-    return frame(KIND_TABLE, seq, struct.pack("<I", len(header)) + header + sink.getvalue().to_pybytes())
+    return frame(KIND_TABLE, seq, _table_header(step, t, name) + sink.getvalue().to_pybytes())
 
 
 def encode_table_columns(seq: int, step: int, t: float, name: str, columns: dict[str, list], schema_ipc: bytes) -> bytes:
-    header = json.dumps({"step": step, "time": t, "name": name}).encode()
     cells = _COMPACT_UTF8_JSON.encode(columns).encode()  # its text was checked to be valid UTF-8
-    return frame(
-        KIND_TABLE_COLUMNS, seq, struct.pack("<I", len(header)) + header + struct.pack("<I", len(schema_ipc)) + schema_ipc + cells
-    )
+    return frame(KIND_TABLE_COLUMNS, seq, _table_header(step, t, name) + struct.pack("<I", len(schema_ipc)) + schema_ipc + cells)
 
 
 @dataclass(frozen=True)
@@ -180,17 +182,15 @@ def decode_frame(kind: int, seq: int, payload: bytes) -> Record | End:
     if kind == KIND_CONFIG:
         data = json.loads(payload)
         return ConfigRecord(seq, data["step"], data["time"], data["values"])
-    if kind == KIND_TABLE:
+    if kind in (KIND_TABLE, KIND_TABLE_COLUMNS):
         (n,) = struct.unpack_from("<I", payload)
         header = json.loads(payload[4 : 4 + n])
-        table = pa.ipc.open_stream(pa.py_buffer(payload[4 + n :])).read_all()
-        return TableRecord(seq, header["step"], header["time"], header["name"], table)
-    if kind == KIND_TABLE_COLUMNS:
-        (n,) = struct.unpack_from("<I", payload)
-        header = json.loads(payload[4 : 4 + n])
-        (m,) = struct.unpack_from("<I", payload, 4 + n)
-        schema = pa.ipc.read_schema(pa.py_buffer(payload[8 + n : 8 + n + m]))
-        table = pa.table(json.loads(payload[8 + n + m :]), schema=schema)
+        if kind == KIND_TABLE:
+            table = pa.ipc.open_stream(pa.py_buffer(payload[4 + n :])).read_all()
+        else:
+            (m,) = struct.unpack_from("<I", payload, 4 + n)
+            schema = pa.ipc.read_schema(pa.py_buffer(payload[8 + n : 8 + n + m]))
+            table = pa.table(json.loads(payload[8 + n + m :]), schema=schema)
         return TableRecord(seq, header["step"], header["time"], header["name"], table)
     data = json.loads(payload)
     return End(data["status"], data["time"])

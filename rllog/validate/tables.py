@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from rllog.errors import InvalidKey, InvalidTable, InvalidValue
+from rllog.validate.metrics import INT64_MAX
 from rllog.validate.nesting import _children, check_nesting
 
 RESERVED_TABLE_COLUMNS = ("_step", "_seq")
@@ -168,7 +169,6 @@ class _Shape:
 # _plain_columns, so a table with bytes always takes the full path.
 _REPEATABLE_CELLS = frozenset((str, int, float, bool, type(None)))
 _NONE = frozenset((type(None),))
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # Larger tables take the full path: the writer thread encodes a repeat as JSON holding the GIL for the whole table,
 # and the reader builds its Python objects before Arrow's; at this size that is ~1 ms, and the full path's cost is
 # per cell rather than the fixed, cache-cold part the repeat path saves.
@@ -255,7 +255,7 @@ class TableSchemas:
         for (column, cells), kinds in zip(columns.items(), shape.cell_types, strict=True):
             if int in kinds and cells:
                 low, high = min(cells), max(cells)
-                if low < _INT64_MIN or high > _INT64_MAX:
+                if low < -INT64_MAX - 1 or high > INT64_MAX:
                     return None
                 extremes[column] = (low, high)
             elif str in kinds and not _valid_text(cells):
