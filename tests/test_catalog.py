@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import runpy
 import subprocess
 import sys
@@ -397,6 +398,51 @@ def test_each_rule_is_asked_about_a_key_once_and_again_after_it_is_reconfigured(
     assert feed(monitor, [(51, {"y": 9.0})]) == []
     monitor.rules = [Big(metrics=["z"], limit=0.5)]
     assert [d.metric for d in feed(monitor, [(52, {"x": 9.0, "z": 1.0})])] == ["z"]
+
+
+def test_a_batch_of_records_raises_the_alerts_of_the_same_records_one_by_one():
+    """The journal writer hands the monitor a batch (``observe_many``): the same alerts, in the same order, as
+    feeding the records one at a time, one-key records (TRL's timings) and rules with their own ``observe``
+    among them."""
+
+    class Seen(Rule):  # looks at every key of a record itself
+        name = "seen"
+        defaults = {"metrics": (), "cooldown": 1}
+
+        def observe(self, step, values):
+            return [AlertDraft(step, self.name, "n", float(len(values)), f"{len(values)} keys")] if "odd" in values else []
+
+    rng = random.Random(5)
+    records = []
+    for step in range(120):
+        records.append(
+            (
+                step,
+                {
+                    "reward": math.nan if step % 37 == 5 else 0.5,
+                    "kl": rng.choice([0.001, -0.5, 0.01, 200.0]),
+                    "entropy": 2.0 if step < 60 else 0.1,
+                    "completions/clipped_ratio": 0.9 if step % 20 < 8 else 0.1,
+                    "val/ratio": rng.choice([1.0, 1.5]),
+                },
+            )
+        )
+        records += [(step, {f"profiling/Time taken: T.m{i}": 0.01}) for i in range(3)]
+        if step % 9 == 0:
+            records.append((step, {"odd": 1.0}))
+    single, batched = HealthMonitor(rules=[*default_rules(), Seen()]), HealthMonitor(rules=[*default_rules(), Seen()])
+    one_by_one = [d for step, values in records for d in single.observe(step, values)]
+    in_batches = [d for i in range(0, len(records), 50) for d in batched.observe_many(records[i : i + 50])]
+    assert in_batches == one_by_one
+    assert {d.rule for d in one_by_one} == {
+        "non_finite",
+        "kl_negative",
+        "kl_explosion",
+        "entropy_collapse",
+        "truncated_completions",
+        "ratio_far_from_one",
+        "seen",
+    }
 
 
 # ---- the plot and `rllog show` ---------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -280,3 +281,22 @@ def test_an_entry_appended_while_the_writer_goes_idle_is_never_left_behind(tmp_p
         assert w.wait_written(seq, timeout=5.0) is True, seq
     w.close("finished")
     assert [r.seq for r in read_all(tmp_path) if isinstance(r, MetricsRecord)] == list(range(1, 301))
+
+
+def test_the_journals_json_is_what_json_dumps_writes():
+    """Metrics and repeated tables' columns are encoded with json's C encoder made once (not ``json.dumps`` per
+    record): the same text, NaN, infinities, -0.0, large ints, non-ASCII text and a lone surrogate included."""
+    from rllog.journal import format as fmt
+
+    values = {"nan": float("nan"), "inf": float("-inf"), "zero": -0.0, "big": 1e300, "exact": 2.0**53 + 2, "é": 0.1}
+    columns = {"text": ["é", "\ud800", "a\nb", None], "flag": [True, False, None, True], "n": [1, -2, 3, 2**62]}
+    assert fmt._COMPACT_JSON(values) == json.dumps(values, separators=(",", ":"))
+    assert fmt._COMPACT_UTF8_JSON(columns) == json.dumps(columns, separators=(",", ":"), ensure_ascii=False)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        fmt._COMPACT_JSON({"x": object()})
+    frame = fmt.encode_metrics(7, 3, 1.5, values)
+    record = fmt.decode_frame(
+        fmt.KIND_METRICS, 7, frame[-len(json.dumps({"step": 3, "time": 1.5, "values": values}, separators=(",", ":"))) :]
+    )
+    assert (record.seq, record.step, record.time) == (7, 3, 1.5)
+    assert {k: repr(v) for k, v in record.values.items()} == {k: repr(v) for k, v in values.items()}

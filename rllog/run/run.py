@@ -458,20 +458,25 @@ class Run(RunBase):
 
     def _check_health(self, entries: list[PendingMetrics]) -> None:
         """On the journal writer thread: run the health rules, journal and log what they raise."""
-        for entry in entries:
-            for draft in self._monitor.observe(entry.step, entry.values):
+        logged = [(entry.step, entry.values) for entry in entries]
+        observe_many = getattr(self._monitor, "observe_many", None)  # a monitor of the user's may have only observe
+        if observe_many is not None:
+            drafts = observe_many(logged)
+        else:
+            drafts = [draft for step, values in logged for draft in self._monitor.observe(step, values)]
+        for draft in drafts:
 
-                def alert(seq: int, at: int, now: float, draft: Any = draft) -> AlertRecord:
-                    return AlertRecord(seq, at, now, draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
+            def alert(seq: int, at: int, now: float, draft: Any = draft) -> AlertRecord:
+                return AlertRecord(seq, at, now, draft.rule, draft.metric, float(draft.value), draft.message, draft.level)
 
-                self._append(alert, (), draft.step, WRITER)
-                log.log(
-                    logging.ERROR if draft.level == "error" else logging.WARNING,
-                    "rllog alert [%s] step %d: %s",
-                    draft.rule,
-                    draft.step,
-                    draft.message,
-                )
+            self._append(alert, (), draft.step, WRITER)
+            log.log(
+                logging.ERROR if draft.level == "error" else logging.WARNING,
+                "rllog alert [%s] step %d: %s",
+                draft.rule,
+                draft.step,
+                draft.message,
+            )
 
     def _wait_for_journal(self) -> None:
         """Backpressure: the writer is ``max_pending`` records behind (a stalled or full disk); wait rather than drop."""
