@@ -114,6 +114,51 @@ def test_a_trainer_that_ends_releases_the_wait_at_once():
     assert time.monotonic() - started < 2.0
 
 
+def test_a_trainer_that_starts_training_is_read_afresh_and_held_at_once():
+    """A standby's run arrives as ``train()`` starts: ``restart`` holds the work at once, until readings taken from
+    then on say the trainer leaves room; the readings of the idle second before no longer count."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline(); exec(sys.argv.pop(1))", BUSY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        load = TrainerLoad(proc.pid, free_cpus=1.0, lag_max=60.0).start()
+        time.sleep(1.0)
+        assert not held_after(load, 0.3)  # loading its model: every CPU free
+        proc.stdin.write("train\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "busy"
+        before = load.held_seconds  # the wait for start()'s first reading
+        load.restart()
+        assert held_after(load, 0.0)  # at once
+        time.sleep(0.6)  # readings from the restart on: every CPU busy
+        assert held_after(load, 0.6)
+        assert load.held_seconds == before  # still held: not yet counted
+    finally:
+        proc.kill()
+        proc.wait()
+    started = time.monotonic()
+    load.wait(threading.Event())  # gone: released
+    assert time.monotonic() - started < 2.0
+    assert load.held_seconds > before + 1.0
+    load.stop()
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        load = TrainerLoad(idle.pid, free_cpus=1.0, lag_max=60.0).start()
+        time.sleep(0.6)
+        load.restart()
+        started = time.monotonic()
+        load.wait(threading.Event())  # the first fresh reading: room
+        assert 0.2 <= time.monotonic() - started < 1.5
+        load.stop()
+    finally:
+        idle.kill()
+        idle.wait()
+
+
 def test_the_agent_holds_delivery_while_the_trainer_is_busy_and_delivers_everything_after(tmp_path, monkeypatch):
     """A real run and agent: records logged while the trainer's own threads keep every CPU busy stay in the journal
     until the trainer leaves a CPU free (or RLLOG_AGENT_LAG_MAX passes); finish delivers every one."""

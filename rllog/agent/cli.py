@@ -62,18 +62,22 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _stop_waiting_if_dropped(load: TrainerLoad) -> None:
-    """A standby whose trainer goes without training (its stdin closed, nothing sent) stops waiting for the trainer's
-    CPUs: it reaches the end of its stdin, and exits, without waiting up to ``RLLOG_AGENT_LAG_MAX`` first."""
+def _watch_stdin(load: TrainerLoad) -> None:
+    """What a standby's stdin says while it imports. Its run arrives as the trainer starts to train: the trainer's
+    CPU use is read afresh (:meth:`TrainerLoad.restart`). A trainer that goes without training (stdin closed, nothing
+    sent) is not waited for: the standby reaches the end of its stdin, and exits, without waiting up to
+    ``RLLOG_AGENT_LAG_MAX`` first."""
     poller = select.poll()
     poller.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
     while True:
         events = dict(poller.poll(1000))
         if not events:
             continue
-        if not events[sys.stdin.fileno()] & select.POLLIN:  # closed with nothing to read
+        if events[sys.stdin.fileno()] & select.POLLIN:
+            load.restart()
+        else:  # closed with nothing to read
             load.stop()
-        return  # the run arrived (or the pipe closed): the main thread reads it once its imports are done
+        return  # the main thread reads the run once its imports are done
 
 
 def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,7 +88,7 @@ def _wait_for_run(args: argparse.Namespace) -> dict[str, Any]:
     lower_priority(idle=settings.AGENT_PRIORITY.get() == "idle")  # only cycles the trainer leaves
     place(agent_cpus(os.getppid()))
     load = TrainerLoad.from_settings(os.getppid())
-    threading.Thread(target=_stop_waiting_if_dropped, args=(load,), name="rllog-standby-stdin", daemon=True).start()
+    threading.Thread(target=_watch_stdin, args=(load,), name="rllog-standby-stdin", daemon=True).start()
     with ImportGate(load.start()):  # SCHED_IDLE alone still took a core from a CPU-bound trainer (TrainerLoad)
         for name in filter(None, args.sinks.split(",")):
             load.wait(threading.Event())
