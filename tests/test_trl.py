@@ -178,8 +178,19 @@ def test_train_prefix_can_be_dropped(tmp_path):
     state = TrainerState()
     state.global_step = 2
     cb.on_log(args, state, TrainerControl(), logs={"loss": 0.5, "eval_loss": 0.25, "test_acc": 1.0})
+    state.global_step = 3
+    cb.on_log(args, state, TrainerControl(), logs={"loss": 0.75})  # a name renamed before
+    cb.train_prefix = "rl/"  # the callback's names follow a prefix changed later
+    state.global_step = 4
+    cb.on_log(args, state, TrainerControl(), logs={"loss": 1.0, "eval_loss": 0.5})
     cb.finish()
-    assert set(metric_series(tmp_path / "run")) == {"loss", "eval/loss", "test/acc"}
+    series = metric_series(tmp_path / "run")
+    assert series == {
+        "loss": [(2, 0.5), (3, 0.75)],
+        "eval/loss": [(2, 0.25), (4, 0.5)],
+        "test/acc": [(2, 1.0)],
+        "rl/loss": [(4, 1.0)],
+    }
 
 
 def test_callback_flattens_nested_values_whether_or_not_another_value_is_text(tmp_path):

@@ -302,6 +302,8 @@ class RLLogCallback(TrainerCallback):
         self.init_kwargs = init_kwargs
         self.tensorboard_logdir: str | None = None
         self._skipped: set[str] = set()
+        self._renamed: dict[str, str] = {}  # key -> rename(key, train_prefix) for train_prefix == _renamed_for
+        self._renamed_for = train_prefix
         self._clock = _StepClock()
         self._release: _Release | None = None
         self._training = False
@@ -566,7 +568,8 @@ class RLLogCallback(TrainerCallback):
             self._clock.state = state
         run = self.start(args, model, state)
         self._warn_other_runs()  # at the first log every callback's on_train_begin has run (a WandbCallback's wandb.init)
-        values = {self._rename(key): math.nan if value is None else value for key, value in logs.items()}
+        names = self._names()
+        values = {names.get(key) or self._rename(key): math.nan if value is None else value for key, value in logs.items()}
         try:
             run.log(values, step=state.global_step)  # validates; the common case: every value is a number
             return
@@ -575,8 +578,15 @@ class RLLogCallback(TrainerCallback):
         if values:
             run.log(values, step=state.global_step)
 
+    def _names(self) -> dict[str, str]:
+        """The keys renamed so far (a trainer logs the same ~30 keys every step), for the ``train_prefix`` now."""
+        if self._renamed_for != self.train_prefix or len(self._renamed) > 10_000:
+            self._renamed, self._renamed_for = {}, self.train_prefix
+        return self._renamed
+
     def _rename(self, key: str) -> str:
-        return rename(key, self.train_prefix)
+        name = self._names()[key] = rename(key, self.train_prefix)
+        return name
 
     def _warn_other_runs(self) -> None:
         """Once: warn when the trainer's process holds a tracker run of its own for a tracker rllog delivers to
