@@ -338,6 +338,18 @@ RULES: tuple[type[Rule], ...] = (
 )
 
 
+def observe_each(monitor: Any, logged: Iterable[tuple[int, Mapping[str, float]]]) -> list[AlertDraft]:
+    """``monitor.observe`` (a monitor of the user's) for each record in order; a record it fails on is logged and
+    skipped, and the alerts of the others are kept."""
+    out: list[AlertDraft] = []
+    for step, values in logged:
+        try:
+            out.extend(monitor.observe(step, values))
+        except Exception:  # the user's monitor must never stop the journal, nor cost the batch its other alerts
+            log.exception("rllog: the health monitor failed on step %d; its alerts for that record are skipped", step)
+    return out
+
+
 def default_rules() -> list[Rule]:
     """A fresh instance of every built-in rule, with its default parameters."""
     return [cls() for cls in RULES]
@@ -384,16 +396,19 @@ class HealthMonitor:
 
     def observe(self, step: int, values: Mapping[str, float]) -> list[AlertDraft]:
         """Feed one logged step's values to every enabled rule; returns the alerts they raise."""
-        return self.observe_many(((step, values),))
+        return self._observe_all(((step, values),))
 
     def observe_many(self, logged: Iterable[tuple[int, Mapping[str, float]]]) -> list[AlertDraft]:
-        """:meth:`observe` for several logged records in order (the journal writer's batch of them).
+        """:meth:`observe` for several logged records in order (the journal writer's batch of them)."""
+        if getattr(self.observe, "__func__", None) is not HealthMonitor.observe:  # an observe of its own sees each record
+            return observe_each(self, logged)
+        return self._observe_all(logged)
 
-        Each rule sees only the keys it watches: which rules watch a key is worked out once per key (a step
+    def _observe_all(self, logged: Iterable[tuple[int, Mapping[str, float]]]) -> list[AlertDraft]:
+        """Each rule sees only the keys it watches: which rules watch a key is worked out once per key (a step
         logs ~40 keys and a handful of rules watch a few of them; asking every rule about every key would take
         ~60% of the journal writer's time), and whether the rules changed, once per call (per record, that
-        look cost more than a one-key record's routing: TRL logs eight one-key timings a step).
-        """
+        look cost more than a one-key record's routing: TRL logs eight one-key timings a step)."""
         routed_for = tuple((id(r), getattr(r, "generation", 0)) for r in self.rules)
         if routed_for != self._routed_for:
             self._routes, self._routed_for = {}, routed_for

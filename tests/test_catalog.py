@@ -445,6 +445,28 @@ def test_a_batch_of_records_raises_the_alerts_of_the_same_records_one_by_one():
     }
 
 
+def test_a_monitor_with_its_own_observe_sees_every_record_of_a_batch():
+    class Counting(HealthMonitor):
+        def observe(self, step, values):
+            self.seen = [*getattr(self, "seen", []), step]
+            return [*super().observe(step, values), AlertDraft(step, "mine", "x", 0.0, "seen")]
+
+    monitor = Counting()
+    drafts = monitor.observe_many([(1, {"x": 1.0}), (2, {"loss": math.nan}), (3, {"x": 2.0})])
+    assert monitor.seen == [1, 2, 3]
+    assert [(d.step, d.rule) for d in drafts] == [(1, "mine"), (2, "non_finite"), (2, "mine"), (3, "mine")]
+
+    def fails_on_two(step, values):  # replaced on the instance; fails on one record of the batch
+        if step == 2:
+            raise RuntimeError("bug in the user's monitor")
+        return [AlertDraft(step, "patched", "x", 0.0, "seen")]
+
+    patched = HealthMonitor()
+    patched.observe = fails_on_two  # type: ignore[method-assign]
+    drafts = patched.observe_many([(1, {"x": 1.0}), (2, {"x": 1.0}), (3, {"x": 1.0})])
+    assert [(d.step, d.rule) for d in drafts] == [(1, "patched"), (3, "patched")]  # the others' alerts are kept
+
+
 # ---- the plot and `rllog show` ---------------------------------------------------------------------
 
 

@@ -345,8 +345,9 @@ class TrainerLoad:
         self.all_started = threading.Event()  # set by serve once the followers list is complete
         self.held_seconds = 0.0  # how long the agent's work waited for the trainer, in all
         self._held_since = self._started = 0.0
-        self._decide = threading.Lock()  # the watch's decision against restart()'s
+        self._decide = threading.Lock()  # the watch's decisions against restart()'s and stop()'s
         self._afresh = False  # restart() asked: the readings so far say nothing of the trainer now
+        self._watching = False  # the watch runs: the one thing that ends a hold
 
     @classmethod
     def from_settings(cls, trainer_pid: int | None) -> TrainerLoad:
@@ -364,26 +365,32 @@ class TrainerLoad:
             self.followers, self._started = followers, time.monotonic()
             self._go.clear()
             self._held_since = self._started
+            self._watching = True
             threading.Thread(target=self._run, name="rllog-trainer-load", daemon=True).start()
         return self
 
     def stop(self) -> None:
-        self._done.set()
-        self._go.set()
+        with self._decide:
+            self._done.set()
+            self._let_go()
 
     def restart(self) -> None:
         """The trainer is starting to train (a standby's run arrived): hold the work until a reading taken from now
         on says the trainer leaves room. The readings before, of a trainer loading its model, averaged over
         :data:`LOAD_WINDOW_SECONDS`, kept saying "room" for the first half second of training, in which a standby
         went on importing trackers beside the first steps (measured: 60-step tiny GRPO, torch on both cores, the
-        first step 20-260 ms against 20-34 ms without rllog)."""
+        first step 20-260 ms against 20-34 ms without rllog). A standby's bound on the wait, ``lag_max``, counts
+        from here."""
         with self._decide:
-            if self._done.is_set() or self.trainer_pid is None or self.free_cpus <= 0:
+            if self._done.is_set() or not self._watching:  # no watch to end a hold
                 return
+            now = time.monotonic()
+            if self.followers is None:
+                self._started = now
             self._afresh = True
-            if self._go.is_set() and not self._behind():
+            if self._go.is_set():
                 self._go.clear()
-                self._held_since = time.monotonic()
+                self._held_since = now
 
     def wait(self, stop: threading.Event) -> None:
         """Return once the agent may work (from :meth:`start`'s first reading on, while the trainer leaves room; at
@@ -409,6 +416,7 @@ class TrainerLoad:
 
     def _release(self) -> None:
         with self._decide:
+            self._watching = False
             self._let_go()
 
     def _let_go(self) -> None:

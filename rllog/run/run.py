@@ -459,11 +459,13 @@ class Run(RunBase):
     def _check_health(self, entries: list[PendingMetrics]) -> None:
         """On the journal writer thread: run the health rules, journal and log what they raise."""
         logged = [(entry.step, entry.values) for entry in entries]
-        observe_many = getattr(self._monitor, "observe_many", None)  # a monitor of the user's may have only observe
+        observe_many = getattr(self._monitor, "observe_many", None)
         if observe_many is not None:
             drafts = observe_many(logged)
-        else:
-            drafts = [draft for step, values in logged for draft in self._monitor.observe(step, values)]
+        else:  # a monitor of the user's with only observe
+            from rllog.health import observe_each
+
+            drafts = observe_each(self._monitor, logged)
         for draft in drafts:
 
             def alert(seq: int, at: int, now: float, draft: Any = draft) -> AlertRecord:
