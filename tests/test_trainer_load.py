@@ -144,7 +144,8 @@ def test_a_trainer_that_starts_training_is_read_afresh_and_held_at_once():
     load.wait(threading.Event())  # gone: released
     assert time.monotonic() - started < 2.0
     assert load.held_seconds > before + 1.0
-    load.restart()  # the watch has ended: nothing would end a hold
+    time.sleep(1.0)  # the watch's next reading finds the trainer gone, and the watch ends
+    load.restart()  # nothing would end a hold now: no hold
     assert not held_after(load, 0.2)
     load.stop()
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
