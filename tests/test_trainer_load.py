@@ -319,6 +319,9 @@ def test_a_stopping_agent_and_the_threads_that_decide_leave_idle_priority():
         idle.kill()
         idle.wait()
 
+    deadline = time.monotonic() + 10
+    while DECIDING_THREADS and time.monotonic() < deadline:  # an earlier watch, stopped, ends within a reading
+        time.sleep(0.05)
     proc = busy_process()
     seen: dict = {}
 
