@@ -582,13 +582,14 @@ def paired_series(
     steps: int = PAIRED_STEPS,
     threads_modes: tuple[str, ...] = harness.THREAD_MODES,
     save: Path | None = None,
+    keys: tuple[str, ...] = PAIRED_KEYS,
 ) -> dict:
     """``case_paired`` in one process after another, ``PAIRED_ROUNDS_PER_PROCESS`` rounds each, until ``budget``
     seconds would be exceeded; the rounds are numbered across processes. ``save``: rewritten after each process."""
     runs: list[dict] = []
     for process in harness.rounds_within(sys.maxsize, budget):
         progress(f"end to end, paired rounds in one process: process {process}, {len(runs)} trainings so far")
-        params = {"keys": PAIRED_KEYS, "steps": steps, "rounds": PAIRED_ROUNDS_PER_PROCESS, "threads": threads_modes}
+        params = {"keys": keys, "steps": steps, "rounds": PAIRED_ROUNDS_PER_PROCESS, "threads": threads_modes}
         result = run_case(SCRIPT, "paired", params, tmp, timeout=max(budget, 600), threads="default")
         base = process * PAIRED_ROUNDS_PER_PROCESS
         runs += [r | {"round": base + r["round"], "process": process} for r in result.get("runs", [])]
@@ -702,12 +703,18 @@ def main() -> None:
         help="only issue 34's train() targets, from rounds in one process (several processes), for this many seconds",
     )
     parser.add_argument("--steps", type=int, help=f"with --paired: steps per training (default {PAIRED_STEPS})")
+    parser.add_argument(
+        "--only",
+        choices=[k for k in PAIRED_KEYS if k != "a"],
+        help="with --paired: that configuration and none alone (twice the rounds an hour for one target)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
         if args.paired:
             modes = harness.THREAD_MODES if args.threads == "both" else (args.threads,)
             save = Path(args.json) if args.json else None
-            results = paired_series(Path(tmp), args.paired, args.steps or PAIRED_STEPS, modes, save)
+            keys = ("a", args.only) if args.only else PAIRED_KEYS
+            results = paired_series(Path(tmp), args.paired, args.steps or PAIRED_STEPS, modes, save, keys)
             results["measured"] = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC"
             text = render_paired(results)
         elif args.fresh_only:
