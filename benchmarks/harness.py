@@ -202,7 +202,8 @@ def interval_verdict(ratios: list[float], limit: float) -> tuple[bool | None, st
     mean, low, high = geometric_mean_interval(ratios)
     met = True if high <= limit else False if low > limit else None
     rounds = ", ".join(f"{x:.2f}" for x in ratios) if len(ratios) <= ROUNDS_LISTED else f"{len(ratios)}"
-    return met, f"{fmt_ratio(mean)}, 95% interval {low:.2f}-{high:.2f} (rounds: {rounds})"
+    # three decimals: a verdict near the limit (an interval ending at 1.0296 against 1.03) must read as what it is
+    return met, f"{mean:.3f}x, 95% interval {low:.3f}-{high:.3f} (rounds: {rounds})"
 
 
 def verdict(met: bool | None) -> str:
