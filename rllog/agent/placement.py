@@ -400,7 +400,7 @@ class TrainerLoad:
                 return
 
     def _behind(self) -> bool:
-        if self.followers is None or not self.all_started.is_set():  # a standby's imports, or serve's set-up
+        if self.followers is None:
             return time.monotonic() - self._started > self.lag_max
         lag = delivery_lag(self.followers)
         return lag is not None and lag > self.lag_max

@@ -68,10 +68,6 @@ def serve(
     followers: list = []
     # Watching before the first follower starts: each waits to open its sink until the trainer is seen to leave room.
     load = TrainerLoad.from_settings(parent_pid if follow else None).start(followers if follow else None)
-    # The set-up below waits as the sinks' opening does: each follower's cursor and thread, the flush watcher and the
-    # governor's first pass take ~15 ms of CPU, and run as train() starts they slowed a trainer using every core in
-    # its first step (tiny GRPO, torch on both cores, parquet alone: step 0 +14 ms against none, median).
-    load.wait(threading.Event())
     for spec in specs:
         sink_options = (options or {}).get(spec.name, spec.options)
 
