@@ -706,7 +706,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         choices=[k for k in PAIRED_KEYS if k != "a"],
-        help="with --paired: that configuration and none alone (twice the rounds an hour for one target)",
+        help="with --paired: rounds of that configuration and none alone, next to each other (three times the rounds "
+        "an hour, and each round's ratio spreads about half as much)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rllog-bench-") as tmp:
