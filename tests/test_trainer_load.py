@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sinks import busy_cpus
+from sinks import busy_cpus, wait_until
 
 import rllog
 from rllog.agent.placement import (
@@ -144,7 +144,7 @@ def test_a_trainer_that_starts_training_is_read_afresh_and_held_at_once():
     load.wait(threading.Event())  # gone: released
     assert time.monotonic() - started < 2.0
     assert load.held_seconds > before + 1.0
-    time.sleep(1.0)  # the watch's next reading finds the trainer gone, and the watch ends
+    assert wait_until(lambda: not load._watching, timeout=10)  # its next reading finds the trainer gone: it ends
     load.restart()  # nothing would end a hold now: no hold
     assert not held_after(load, 0.2)
     load.stop()
@@ -319,9 +319,7 @@ def test_a_stopping_agent_and_the_threads_that_decide_leave_idle_priority():
         idle.kill()
         idle.wait()
 
-    deadline = time.monotonic() + 10
-    while DECIDING_THREADS and time.monotonic() < deadline:  # an earlier watch, stopped, ends within a reading
-        time.sleep(0.05)
+    wait_until(lambda: not DECIDING_THREADS, timeout=10)  # an earlier watch, stopped, ends within a reading
     proc = busy_process()
     seen: dict = {}
 
