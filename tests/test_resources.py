@@ -97,6 +97,93 @@ def test_the_reader_stops_before_a_frame_it_could_not_decode_for_want_of_memory(
     assert [r.seq for r in batch if not isinstance(r, End)] == list(range(5, 11)) and not reader.damage
 
 
+def test_the_journal_writer_waits_out_a_memory_error_while_encoding_and_loses_nothing(tmp_path, monkeypatch, caplog):
+    """A MemoryError while the writer encodes a record (metrics on its thread, a table on the caller's) is waited out
+    like a full disk: the record is encoded again later, in its place, and nothing is reported lost."""
+    from rllog.journal import writer as writer_module
+
+    real_metrics, real_table, raised = writer_module.encode_metrics, writer_module.encode_table, []
+
+    def encode_metrics(seq, step, t, values):
+        if seq == 7 and raised.count(7) < 3:
+            raised.append(seq)
+            raise MemoryError
+        return real_metrics(seq, step, t, values)
+
+    def encode_table(seq, step, t, name, table):
+        if not any(r == ("table", seq) for r in raised):  # the caller's try; the writer thread's goes through
+            raised.append(("table", seq))
+            raise MemoryError
+        return real_table(seq, step, t, name, table)
+
+    monkeypatch.setattr(writer_module, "encode_metrics", encode_metrics)
+    monkeypatch.setattr(writer_module, "encode_table", encode_table)
+    run_dir = tmp_path / "r"
+    with caplog.at_level("WARNING", logger="rllog.journal"):
+        run = rllog.init(report_to="none", run_dir=run_dir, health=False, quiet=True)
+        for step in range(20):
+            run.log({"loss": step / 4, "reward": -step}, step=step)
+            if step == 10:
+                run.log_table("completions", {"completion": ["a", "b"], "reward": [0.5, 1.0]}, step=step)
+        report = run.finish()
+    assert raised.count(7) == 3 and ("table", 12) in raised
+    assert report.ok and report.unwritten == 0
+    records = JournalReader(run_dir).read(1000, final=True)
+    kept = [r for r in records if not isinstance(r, End)]
+    assert [r.seq for r in kept] == list(range(1, 22))  # seq 7 once, in its place
+    metrics = [r for r in kept if hasattr(r, "values")]
+    assert [(r.step, r.values) for r in metrics] == [(s, {"loss": s / 4, "reward": -s}) for s in range(20)]
+    table = next(r for r in kept if getattr(r, "name", None) == "completions")
+    assert (table.step, table.table.to_pydict()) == (10, {"completion": ["a", "b"], "reward": [0.5, 1.0]})
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("out of memory while encoding" in m for m in said) == 1  # said once, not at every try
+    assert any("writing again (memory available)" in m for m in said)
+
+
+MEMORY_TRAINER = textwrap.dedent(
+    """
+    import json, resource, sys, time
+    import rllog
+    run = rllog.init(report_to="none", run_dir=sys.argv[1], health=False, quiet=True)
+    run.log_table("texts", {"text": ["first"]}, step=0)
+    run.flush()
+    big = {"text": ["x" * 10_000] * int(sys.argv[2])}  # one string, many rows: little memory until encoded
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    status = open("/proc/self/status")
+    run.log_table("texts", big, step=1)  # the same columns again: the writer thread encodes it, after its batching wait
+    vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 20), hard))
+    time.sleep(1.5)
+    held = type(run._writer.why_held).__name__
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    run.log({"after": 2.0}, step=2)
+    report = run.finish()
+    print(json.dumps({"held": held, "ok": report.ok, "unwritten": report.unwritten}))
+    """
+)
+
+
+def test_a_trainer_out_of_address_space_while_its_journal_encodes_a_table_waits_and_writes_it_once_memory_is_back(
+    tmp_path,
+):
+    """A real RLIMIT_AS, lowered right after a ``log_table`` to 1 MiB above what the trainer maps: the writer thread
+    cannot encode the table (20 MB as JSON), holds it and says why, and writes it whole once the limit is raised."""
+    run_dir, rows = tmp_path / "r", 2000
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_TRAINER, str(run_dir), str(rows)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"held": "MemoryError", "ok": True, "unwritten": 0}, done.stderr
+    assert "out of memory while encoding" in done.stderr and "nothing is dropped" in done.stderr
+    assert "writing again (memory available)" in done.stderr
+    records = [r for r in JournalReader(run_dir).read(10, final=True) if not isinstance(r, End)]
+    assert [(r.seq, r.step) for r in records] == [(1, 0), (2, 1), (3, 2)]
+    assert records[0].table.to_pydict() == {"text": ["first"]}
+    assert records[1].table.to_pydict() == {"text": ["x" * 10_000] * rows}
+    assert records[2].values == {"after": 2.0}
+
+
 def test_a_frame_that_passes_its_checksum_but_does_not_decode_is_damage(tmp_path):
     w = JournalWriter(tmp_path, 0.05)
     w.append(PendingMetrics(1, 1, 1.0, {"v": 1.0}))

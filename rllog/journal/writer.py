@@ -1,9 +1,11 @@
 """The journal's writer: one background thread per run appends frames (:mod:`rllog.journal.format`) to
-``RUN_DIR/journal/``, handing them to the OS within ``write_interval`` of their append; a full disk waits, never loses a frame."""
+``RUN_DIR/journal/``, handing them to the OS within ``write_interval`` of their append; a full disk, or memory that runs
+out while a record is encoded, waits, never loses a frame."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import logging
 import os
@@ -65,7 +67,7 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
 
     A group that cannot be copied (a device that failed since the ``log`` call) is retried entry by
     entry; values no entry can give back become NaN, and the error is logged: the writer never gets
-    stuck on one entry.
+    stuck on one entry. A ``MemoryError`` is raised: memory comes back, and the writer waits for it.
     """
     with_tensors = [e for e in entries if e.tensors is not None]
     if not with_tensors:
@@ -82,6 +84,8 @@ def _materialise_tensors(entries: list[PendingMetrics]) -> None:
             for entry in group:
                 try:
                     flat.extend(entry.tensors.tolist())
+                except MemoryError:  # waited out by the writer (JournalWriter._write_pending), not a failed device
+                    raise
                 except Exception as exc:
                     log.error(
                         "rllog journal: cannot copy the tensors of step %d to the host (%s); storing NaN for %s",
@@ -136,7 +140,8 @@ class JournalWriter:
     A disk that refuses a write (full, quota) never loses an entry: the part of the write that landed
     is cut back to the last complete frame, the rest stays in memory and is retried every
     ``write_interval`` until the disk takes it. ``error`` holds the last such failure (None once
-    writing works again).
+    writing works again). Memory that runs out while an entry is encoded is waited for the same way
+    (:meth:`_write_pending`); :attr:`why_held` says which of the two holds entries back.
 
     The journal shares its disk with what is derived from it (the Parquet store, cursor files), so the writer
     keeps :data:`rllog.files.JOURNAL_RESERVE_BYTES` allocated past the segment's end (``fallocate`` with
@@ -157,6 +162,7 @@ class JournalWriter:
         self.directory = journal_dir(run_dir)
         self.write_interval = write_interval
         self._pending: collections.deque = collections.deque()
+        self._taken: collections.deque = collections.deque()  # taken from _pending, not yet encoded (_write_pending)
         self._frames: list[tuple[int, bytes]] = []  # encoded, not yet on disk: (seq, frame)
         self._wake = threading.Event()  # write now: a flush, close, backpressure (cuts the batching wait short)
         self._work = threading.Event()  # something to write: ends the idle wait
@@ -166,6 +172,7 @@ class JournalWriter:
         self._abandon = threading.Event()
         self._end: tuple[str, float] | None = None
         self.error: OSError | None = None
+        self._memory_error: MemoryError | None = None  # the last encoding that ran out of memory (None once one works)
         self.stats = WriterStats()
         self.written_seq = next_seq - 1
         self.on_written = on_written
@@ -203,11 +210,12 @@ class JournalWriter:
         """
         if isinstance(entry, TableRecord):
             try:
-                encoded = EncodedEntry(entry.seq, _encode(entry))
+                self._pending.append(EncodedEntry(entry.seq, _encode(entry)))
+            except MemoryError:  # the writer thread encodes it, once there is memory again
+                self._pending.append(entry)
             except Exception as exc:  # validation at the call should make this impossible
                 self._unencodable(entry.seq, exc)
                 return
-            self._pending.append(encoded)
         else:
             self._pending.append(entry)
         if self._idle:  # the first entry since the writer went idle; the rest of a batch costs no wake-up
@@ -219,9 +227,14 @@ class JournalWriter:
         log.error("rllog journal: cannot encode record seq %d (%s); it is reported as lost", seq, exc)
 
     @property
+    def why_held(self) -> BaseException | None:
+        """What keeps entries in memory now: the disk's last refusal, else the last encoding that ran out of memory."""
+        return self.error or self._memory_error
+
+    @property
     def backlog(self) -> int:
         """Entries not yet on disk."""
-        return len(self._pending) + len(self._frames)
+        return len(self._pending) + len(self._taken) + len(self._frames)
 
     @property
     def alive(self) -> bool:
@@ -268,12 +281,15 @@ class JournalWriter:
             self._wake.wait(self.write_interval)  # the rest of the batch: a step logs its metrics and tables together
             self._wake.clear()
             closing = self._closed.is_set()
-            self._write_pending()
-            if closing and not self._pending and not self._frames:
+            try:
+                self._write_pending()
+            except MemoryError as exc:
+                self._short_of_memory(exc)
+            if closing and not self.backlog:
                 self._write_end()
             if self._abandon.is_set() or (closing and self.stats.end_written):
                 break
-        self.stats.unwritten = len(self._pending) + len(self._frames)
+        self.stats.unwritten = self.backlog
         try:
             self._end_segment(self._fd, self._size)
         except OSError:
@@ -286,7 +302,7 @@ class JournalWriter:
         at, so an ``append`` racing with the look either is seen here or sees ``_idle`` and sets ``_work``."""
         self._work.clear()
         self._idle = True
-        if self._pending or self._frames or self._closed.is_set():
+        if self.backlog or self._closed.is_set():
             self._idle = False
             return
         self._work.wait()
@@ -313,20 +329,32 @@ class JournalWriter:
             os.close(fd)
 
     def _write_pending(self) -> None:
-        entries = []
+        """Encode what is pending into frames, in order, and write them.
+
+        Every entry is always held by one of ``_pending``, ``_taken`` (the batch being encoded) or ``_frames``, and
+        moves from one to the next only once it is in the next: a ``MemoryError`` anywhere here (copying tensors to
+        the host, encoding, joining frames) leaves nothing half done, and :meth:`_run` tries again after
+        ``write_interval``, like a full disk. (The health rules are shown a batch's metrics once it is encoded; of a
+        batch a ``MemoryError`` cut, those encoded after it: alerts are derived, the records are what must land.)
+        """
         while self._pending:
-            entries.append(self._pending.popleft())
-        if entries:
-            metrics = [e for e in entries if isinstance(e, PendingMetrics)]
-            _materialise_tensors(metrics)
-            for e in entries:
-                if isinstance(e, EncodedEntry):
-                    self._frames.append((e.seq, e.frame))
-                    continue
+            self._taken.append(self._pending[0])
+            self._pending.popleft()
+        if self._taken:
+            batch = list(self._taken)
+            _materialise_tensors([e for e in batch if isinstance(e, PendingMetrics)])
+            while self._taken:
+                e = self._taken[0]
                 try:
-                    self._frames.append((e.seq, _encode(e)))
+                    frame = e.frame if isinstance(e, EncodedEntry) else _encode(e)
+                except MemoryError:
+                    raise
                 except Exception as exc:  # validation at the call should make this impossible
                     self._unencodable(e.seq, exc)
+                else:
+                    self._frames.append((e.seq, frame))
+                self._taken.popleft()
+            metrics = [e for e in batch if isinstance(e, PendingMetrics)]
             if self.on_written is not None and metrics:
                 try:
                     self.on_written(metrics)
@@ -334,6 +362,22 @@ class JournalWriter:
                     log.error("rllog: health check failed: %s", exc)
         if self._frames:
             self._flush_frames()
+        if self._memory_error is not None:
+            self._memory_error = None
+            log.warning("rllog journal: writing again (memory available)")
+
+    def _short_of_memory(self, exc: MemoryError) -> None:
+        """Memory ran out in :meth:`_write_pending`: say so once, and back off."""
+        if self._memory_error is None:
+            with contextlib.suppress(MemoryError):
+                log.error(
+                    "rllog journal: out of memory while encoding (%s); %d records kept and retried every %.2fs "
+                    "(nothing is dropped)",
+                    str(exc) or type(exc).__name__, self.backlog, self.write_interval,
+                )  # fmt: skip
+        self._memory_error = exc
+        if not self._abandon.is_set():
+            time.sleep(self.write_interval)
 
     def _flush_frames(self) -> None:
         """Write the encoded frames; on a refused write keep what did not land whole."""
@@ -362,7 +406,7 @@ class JournalWriter:
         with self._landed:
             self.written_seq = self._frames[-1][0]
             self._landed.notify_all()
-        self._frames = []
+        self._frames.clear()  # allocates nothing: a MemoryError past the write must not write the frames again
         if self.on_landed is not None:
             try:
                 self.on_landed(self.written_seq)

@@ -370,7 +370,12 @@ class Run(RunBase):
         stats = self._writer.stats
         if stats.unwritten or stats.unencodable:
             lost = stats.unwritten + len(stats.unencodable)
-            why = f"the journal could not be written ({self._writer.error})" if stats.unwritten else "they could not be encoded"
+            held = self._writer.why_held
+            why = (
+                f"the journal could not be written ({str(held) or type(held).__name__})"
+                if stats.unwritten
+                else "they could not be encoded"
+            )
             cause = f"{lost} records never reached the journal: {why}; they are lost"
             notes.append(f"journal: {cause}")
         if self._agent is not None:
