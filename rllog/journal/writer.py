@@ -341,8 +341,8 @@ class JournalWriter:
             self._taken.append(self._pending[0])
             self._pending.popleft()
         if self._taken:
-            batch = list(self._taken)
-            _materialise_tensors([e for e in batch if isinstance(e, PendingMetrics)])
+            metrics = [e for e in self._taken if isinstance(e, PendingMetrics)]
+            _materialise_tensors(metrics)
             while self._taken:
                 e = self._taken[0]
                 try:
@@ -354,7 +354,6 @@ class JournalWriter:
                 else:
                     self._frames.append((e.seq, frame))
                 self._taken.popleft()
-            metrics = [e for e in batch if isinstance(e, PendingMetrics)]
             if self.on_written is not None and metrics:
                 try:
                     self.on_written(metrics)
@@ -376,6 +375,10 @@ class JournalWriter:
                     str(exc) or type(exc).__name__, self.backlog, self.write_interval,
                 )  # fmt: skip
         self._memory_error = exc
+        self._back_off()
+
+    def _back_off(self) -> None:
+        """Wait ``write_interval`` before the next try (the loop's own wait is cut short by ``wake()``)."""
         if not self._abandon.is_set():
             time.sleep(self.write_interval)
 
@@ -445,8 +448,7 @@ class JournalWriter:
                 self.write_interval,
             )
         self.error = exc
-        if not self._abandon.is_set():
-            time.sleep(self.write_interval)  # the wait of the loop is cut short by wake(): back off here
+        self._back_off()
 
     def _write_end(self) -> None:
         assert self._end is not None
