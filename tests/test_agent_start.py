@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -94,3 +97,56 @@ def test_an_agent_leaves_no_temporary_directory_behind(tmp_path, monkeypatch):
     assert run.finish().ok
     assert wait_until(lambda: not os.path.exists(f"/proc/{pid}"))
     assert sorted(p.name for p in temp.iterdir() if "wandb" in p.name) == []
+
+
+INTERRUPTED_TRAINER = r"""
+import os, sys, time
+import rllog
+from rllog.agent.placement import process_state
+
+def autogroup(pid):
+    try:
+        return open(f"/proc/{pid}/autogroup").read().split()[0]
+    except OSError:  # a kernel without autogroup
+        return None
+
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], health=False)
+for step in range(3):
+    run.log({"x": float(step)}, step=step)
+agent = run._agent.pid
+try:  # from before the test can send its SIGINT (after this line)
+    print(os.getsid(0), os.getpgid(0), autogroup(os.getpid()), os.getsid(agent), os.getpgid(agent), autogroup(agent), agent, flush=True)
+    time.sleep(120)
+except KeyboardInterrupt:  # a Ctrl-C in the trainer's terminal
+    time.sleep(1.0)  # an agent that took the SIGINT too would be gone (or restarted) by now
+    print(process_state(agent) in ("R", "S", "D"), run._agent.pid == agent, flush=True)  # alive, not a zombie
+    run.log({"x": 3.0}, step=3)
+    print(run.finish().ok, flush=True)
+"""
+
+
+def test_a_ctrl_c_to_the_trainer_spares_its_agent_which_shares_the_trainers_scheduling_group(tmp_path):
+    """The agent has its own process group, so the SIGINT a terminal sends its foreground group (the trainer's) does
+    not reach it; but not its own session, which Linux's autogroup scheduling makes a group that shares a busy CPU
+    with the trainer's as an equal, whatever the agent's ``SCHED_IDLE`` (the training thread waited behind it in
+    whole 4 ms ticks). The trainer runs as a terminal would start it: the leader of its own session and group."""
+    script = tmp_path / "trainer.py"
+    script.write_text(INTERRUPTED_TRAINER)
+    trainer = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "r")], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        sid, pgid, group, agent_sid, agent_pgid, agent_group, agent = trainer.stdout.readline().split()
+        assert (sid, pgid) == (str(trainer.pid), str(trainer.pid))
+        assert agent_sid == sid  # the trainer's session, so its scheduling group
+        assert agent_group == group
+        assert agent_pgid == agent != pgid  # its own process group
+        os.killpg(trainer.pid, signal.SIGINT)
+        assert trainer.stdout.readline().split() == ["True", "True"]  # the same agent, alive
+        assert trainer.stdout.readline().strip() == "True"  # finish: every record delivered
+        assert trainer.wait(timeout=60) == 0
+    finally:
+        trainer.kill()
+        trainer.wait()
+    metrics = rllog.read_metrics(tmp_path / "r")
+    assert [(r["step"], r["value"]) for r in metrics.to_pylist()] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]

@@ -1,6 +1,6 @@
 """:class:`AgentProcess`: the delivery agent of one run, supervised from the trainer.
 
-It starts the agent in its own session (a Ctrl-C aimed at the trainer does not hit it), hands it the sinks' options
+It starts the agent in its own process group (a Ctrl-C aimed at the trainer does not hit it), hands it the sinks' options
 through a pipe (so secrets in ``backend_options`` never reach the disk) that then carries its flush wake-ups, watches it from its own thread, restarts it
 when it dies for the whole life of the run (:class:`RestartBudget`: a budget of restarts that refills over time, with
 backoff), says on the trainer's stderr when a sink fails or starts dead-lettering (read off its cursor) and when
@@ -167,13 +167,15 @@ class AgentProcess:
             pass
         finally:
             self._close_wakeups()  # what the agent still does needs no more of them
+        # Stopped or killed, an agent's threads must each run to exit: at idle priority, on CPUs the trainer's
+        # other processes keep busy, a killed agent took more than KILL_WAIT_SECONDS to go.
+        raise_to_normal_priority(proc.pid)
         if process_state(proc.pid) in FROZEN_STATES:
             self.cause = (
                 f"the delivery agent (pid {proc.pid}) was frozen (stopped by a signal such as SIGSTOP, or a debugger) "
                 "at the finish deadline and was killed; run `rllog replay`"
             )
         else:
-            raise_to_normal_priority(proc.pid)
             proc.terminate()
             try:  # the grace counts from the deadline: a wait above for a restart has used some of it
                 proc.wait(timeout=max(0.0, deadline + STOP_GRACE_SECONDS - time.monotonic()))
