@@ -399,3 +399,40 @@ def test_a_stopping_agents_governor_raises_every_thread_and_stops_putting_them_b
     env = os.environ | {"RLLOG_AGENT_LAG_MAX": "600"}  # never behind in this test: only STOPPING may raise them
     out = subprocess.run([sys.executable, "-c", GOVERNED_AGENT], capture_output=True, text=True, timeout=60, env=env)
     assert out.stdout.split() == ["True", "True", "True"], out.stdout + out.stderr
+
+
+SESSION_LEADING_CHILD = r"""
+import os, subprocess, sys, threading, time
+from types import SimpleNamespace
+from rllog.agent.placement import STOPPING, PriorityGovernor, lower_priority
+
+def niceness(pid):
+    return open(f"/proc/{pid}/autogroup").read().split()[-1]
+
+lower_priority(idle=True)
+service = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)  # as wandb's
+worker = threading.Thread(target=threading.Event().wait, daemon=True)
+worker.start()
+PriorityGovernor([SimpleNamespace(thread=worker, caught_up_at=time.monotonic())], "idle").start()
+deadline = time.monotonic() + 30
+while niceness(service.pid) != "19" and time.monotonic() < deadline:
+    time.sleep(0.05)
+idle = niceness(service.pid)
+STOPPING.set()  # the governor raises everything
+while niceness(service.pid) == "19" and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(niceness(os.getpid()), idle, niceness(service.pid))
+service.kill()
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel without autogroup scheduling")
+def test_a_tracker_service_in_a_session_of_its_own_gets_an_idle_scheduling_group():
+    """wandb starts its service in a session of its own, which Linux's autogroup makes a scheduling group of its own:
+    given a busy CPU as often as the trainer's whole group, whatever the threads' ``SCHED_IDLE``. The governor gives
+    that group the least weight (niceness 19) while the agent is idle, ``RLLOG_AGENT_NICE`` when it raises it; the
+    agent's own group, the trainer's, is left alone."""
+    env = os.environ | {"RLLOG_AGENT_LAG_MAX": "600", "RLLOG_AGENT_NICE": "10"}
+    out = subprocess.run([sys.executable, "-c", SESSION_LEADING_CHILD], capture_output=True, text=True, timeout=60, env=env)
+    mine = open("/proc/self/autogroup").read().split()[-1]
+    assert out.stdout.split() == [mine, "19", "10"], out.stdout + out.stderr

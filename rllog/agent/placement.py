@@ -55,7 +55,8 @@ def agent_cpus(trainer_pid: int | None, setting: str | None = None) -> set[int] 
     ``auto``: every CPU the trainer may use except the one its main thread is on, if that leaves any. At idle
     priority the agent never takes a CPU from the trainer, but its threads still wake on the trainer's CPU and
     run there between the trainer's time slices (measured: 290-720 preemptions of the training thread in a
-    60-step tiny GRPO with five trackers, 0.09-0.18 s waiting; off its CPU, 110-290 and 0.02-0.04 s).
+    60-step tiny GRPO with five trackers, 0.09-0.18 s waiting; off its CPU, 110-290 and 0.02-0.04 s; the agent then
+    in a scheduling group of its own, see :class:`TrainerLoad`).
     """
     cpus = settings.AGENT_CPUS.get() if setting is None else settings.AGENT_CPUS.read(setting)
     if cpus == "all" or not hasattr(os, "sched_getaffinity"):
@@ -73,23 +74,43 @@ def agent_cpus(trainer_pid: int | None, setting: str | None = None) -> set[int] 
     return rest if cpu in allowed and rest else None
 
 
-def _agent_tasks() -> list[int]:
-    """Every thread of this process and of the processes it started (a tracker's service, e.g. wandb-core)."""
-    tids: list[int] = []
+def _agent_processes() -> dict[int, list[int]]:
+    """Every thread (the values) of this process and of the processes it started (the keys: a tracker's service,
+    e.g. wandb-core)."""
+    found: dict[int, list[int]] = {}
     pids = [os.getpid()]
     while pids:
         pid = pids.pop()
         try:
-            threads = os.listdir(f"/proc/{pid}/task")
+            threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
         except OSError:
             continue
+        found[pid] = threads
         for tid in threads:
-            tids.append(int(tid))
             try:
                 pids.extend(int(c) for c in Path(f"/proc/{pid}/task/{tid}/children").read_text().split())
             except (OSError, ValueError):
                 pass
-    return tids
+    return found
+
+
+def _agent_tasks() -> list[int]:
+    """Every thread of this process and of the processes it started."""
+    return [tid for threads in _agent_processes().values() for tid in threads]
+
+
+def set_session_niceness(pid: int, nice: int) -> None:
+    """Give the scheduling group of process ``pid``'s session the niceness ``nice``, where Linux groups by session
+    (autogroup): a process that started a session of its own (wandb's service does) is a group of its own there,
+    given a busy CPU as often as the trainer's whole group whatever its threads' policy (see
+    ``rllog.agent.launch.AGENT_PROCESS_GROUP``). Any user may raise it; lowering it below 0 needs privilege."""
+    try:
+        if os.getsid(pid) != pid or os.getsid(pid) == os.getsid(0):
+            return
+        with open(f"/proc/{pid}/autogroup", "w") as group:
+            group.write(str(nice))
+    except (OSError, ValueError):  # gone, no autogroup in this kernel, or refused: its threads' policy still applies
+        pass
 
 
 def place(cpus: set[int] | None) -> None:
@@ -320,9 +341,10 @@ class TrainerLoad:
     """Holds the agent's work back while the trainer leaves fewer than ``$RLLOG_AGENT_FREE_CPUS`` CPUs free (at most
     half of its CPUs).
 
-    ``SCHED_IDLE`` alone does not keep the agent out of a CPU-bound training's way (measured on Linux 6.18, tiny
+    ``SCHED_IDLE`` alone did not keep the agent out of a CPU-bound training's way (measured on Linux 6.18, tiny
     GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
-    the other, and training ran 2x slower; stopped, the agent cost nothing). So while the trainer's demand for CPU
+    the other, and training ran 2x slower; stopped, the agent cost nothing). The agent then had a session, so a
+    scheduling group, of its own (``rllog.agent.launch.AGENT_PROCESS_GROUP``); this wait was measured against that. So while the trainer's demand for CPU
     (its threads' time running or waiting to run, averaged over :data:`LOAD_WINDOW_SECONDS`) leaves less than that
     many CPUs of those it may run on (:func:`trainer_cpus`: its affinity, or its cgroup's quota if tighter), the
     followers wait before their next read, a sink waits to open, and a standby's imports wait (:class:`ImportGate`).
@@ -506,9 +528,13 @@ class PriorityGovernor:
 
     def _set(self, idle: bool) -> None:
         self.idle = idle
+        processes = _agent_processes()  # the trackers' processes too (wandb-core ran at normal priority)
+        for pid in processes:
+            if pid != os.getpid():
+                set_session_niceness(pid, 19 if idle and self._idle_mode else settings.AGENT_NICE.get())
         if not self._idle_mode:
             return
-        for tid in _agent_tasks():  # the trackers' processes too (wandb-core ran at normal priority)
+        for tid in (tid for threads in processes.values() for tid in threads):
             if tid in DECIDING_THREADS:
                 continue
             if not idle:
