@@ -45,8 +45,8 @@ IDLE_FROM_EXEC = (
 # group wherever Linux groups by session (``kernel.sched_autogroup_enabled=1``, the default of most distributions, for
 # programs started from a terminal or ssh): the kernel then shares a busy CPU between the trainer's group and the
 # agent's as equals, and ``SCHED_IDLE`` ranks the agent's threads only against each other. Measured (tiny GRPO, torch
-# on both cores, parquet alone): the training thread waited behind the idle agent in whole 4 ms ticks, 9-32 ms a
-# 60-step ``train()``; with the agent in the trainer's session, not once.
+# on both cores, parquet alone): the training thread waited behind the idle agent in whole 4 ms ticks while it started,
+# 5-17 ms of a 60-step ``train()``; with the agent in the trainer's session, one tick in three trainings.
 AGENT_PROCESS_GROUP = 0
 
 
