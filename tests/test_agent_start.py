@@ -13,6 +13,7 @@ from sinks import wait_until
 
 import rllog
 from rllog import agent
+from rllog_backends import parquet as parquet_backend
 
 # Loaded by every Python process the test starts, before any of its own code: in the agent, it records the
 # scheduling policy at the moment the first of rllog's code is imported (the import of ``rllog`` itself). The network
@@ -148,5 +149,41 @@ def test_a_ctrl_c_to_the_trainer_spares_its_agent_which_shares_the_trainers_sche
     finally:
         trainer.kill()
         trainer.wait()
-    metrics = rllog.read_metrics(tmp_path / "r")
+    metrics = parquet_backend.read_metrics(tmp_path / "r")  # what the sink stored (rllog.read_* may read the journal)
     assert [(r["step"], r["value"]) for r in metrics.to_pylist()] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+STOPPED_AGENT_TRAINER = r"""
+import os, signal, sys, time
+import rllog
+from rllog.agent.placement import process_state
+
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a shell's job (a test runner may have it ignored)
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], health=False)
+for step in range(5):
+    run.log({"x": float(step)}, step=step)
+assert run.flush(timeout=60).ok
+agent = run._agent.pid
+os.kill(agent, signal.SIGSTOP)  # a debugger, or a user's `kill -STOP`
+deadline = time.monotonic() + 30
+while any(process_state(int(t)) != "T" for t in os.listdir(f"/proc/{agent}/task")) and time.monotonic() < deadline:
+    time.sleep(0.01)
+for step in range(5, 10):
+    run.log({"x": float(step)}, step=step)
+time.sleep(1.5)  # the journal has them (written within 0.25 s)
+print(agent, flush=True)
+os._exit(0)  # the trainer dies without finish
+"""
+
+
+def test_an_agent_stopped_when_its_trainer_dies_goes_on_and_delivers_everything(tmp_path):
+    """The agent's process group (its own, in the trainer's session) is orphaned when the trainer dies, and Linux sends
+    an orphaned group with a stopped process SIGHUP, then SIGCONT: the agent ignores the SIGHUP, and the SIGCONT lets
+    it deliver what the trainer left, as an orphan does."""
+    script = tmp_path / "trainer.py"
+    script.write_text(STOPPED_AGENT_TRAINER)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    agent = int(out.stdout.split()[0])
+    assert wait_until(lambda: not os.path.exists(f"/proc/{agent}"), 120), "the orphaned agent did not end"
+    metrics = parquet_backend.read_metrics(tmp_path / "r")  # what the sink stored (rllog.read_* may read the journal)
+    assert [(r["step"], r["value"]) for r in metrics.to_pylist()] == [(s, float(s)) for s in range(10)]

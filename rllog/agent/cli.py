@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import select
+import signal
 import sys
 import tempfile
 import threading
@@ -150,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--system-interval", type=float, default=SYSTEM_METRICS_INTERVAL)
     args = parser.parse_args(argv)
+    if args.follow or args.standby:
+        # The agent's process group is orphaned when its trainer dies; Linux then sends the group SIGHUP and SIGCONT if
+        # one of it is stopped (SIGSTOP, a debugger). The SIGCONT lets a stopped agent deliver what its trainer left; the
+        # SIGHUP would kill it first (AGENT_PROCESS_GROUP: in its own session, its group was orphaned from the start).
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _arrow_without_pandas()
     heap = StartupHeap.pause() if args.follow or args.standby else None
     if args.standby:
