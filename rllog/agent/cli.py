@@ -152,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-interval", type=float, default=SYSTEM_METRICS_INTERVAL)
     args = parser.parse_args(argv)
     if args.follow or args.standby:
-        # The agent's process group is orphaned when its trainer dies; Linux then sends the group SIGHUP and SIGCONT if
-        # one of it is stopped (SIGSTOP, a debugger). The SIGCONT lets a stopped agent deliver what its trainer left; the
-        # SIGHUP would kill it first (AGENT_PROCESS_GROUP: in its own session, its group was orphaned from the start).
+        # The agent's process group is orphaned when its trainer dies; Linux then sends the group SIGHUP and SIGCONT
+        # if one of it is stopped (SIGSTOP, a debugger). The SIGCONT lets a stopped agent deliver what its trainer
+        # left; the SIGHUP would kill it first (AGENT_PROCESS_GROUP: in a session of its own, the group was orphaned
+        # from the start).
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _arrow_without_pandas()
     heap = StartupHeap.pause() if args.follow or args.standby else None

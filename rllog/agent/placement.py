@@ -344,7 +344,8 @@ class TrainerLoad:
     ``SCHED_IDLE`` alone did not keep the agent out of a CPU-bound training's way (measured on Linux 6.18, tiny
     GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
     the other, and training ran 2x slower; stopped, the agent cost nothing). The agent then had a session, so a
-    scheduling group, of its own (``rllog.agent.launch.AGENT_PROCESS_GROUP``); this wait was measured against that. So while the trainer's demand for CPU
+    scheduling group, of its own (``rllog.agent.launch.AGENT_PROCESS_GROUP``); this wait was measured against that.
+    So while the trainer's demand for CPU
     (its threads' time running or waiting to run, averaged over :data:`LOAD_WINDOW_SECONDS`) leaves less than that
     many CPUs of those it may run on (:func:`trainer_cpus`: its affinity, or its cgroup's quota if tighter), the
     followers wait before their next read, a sink waits to open, and a standby's imports wait (:class:`ImportGate`).
