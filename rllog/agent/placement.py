@@ -105,7 +105,7 @@ def set_session_niceness(pid: int, nice: int) -> None:
     given a busy CPU as often as the trainer's whole group whatever its threads' policy (see
     ``rllog.agent.launch.AGENT_PROCESS_GROUP``). Any user may raise it; lowering it below 0 needs privilege."""
     try:
-        if os.getsid(pid) != pid or os.getsid(pid) == os.getsid(0):
+        if os.getsid(pid) != pid:  # not a session leader: in the agent's session, or in one whose leader this is called for
             return
         with open(f"/proc/{pid}/autogroup", "w") as group:
             group.write(str(nice))
