@@ -106,8 +106,8 @@ import rllog
 from rllog.agent.placement import process_state
 
 def autogroup(pid):
-    try:
-        return open(f"/proc/{pid}/autogroup").read().split()[0]
+    try:  # empty for a process in the kernel's default group (one whose session never came from setsid)
+        return (open(f"/proc/{pid}/autogroup").read().split() or ["default"])[0]
     except OSError:  # a kernel without autogroup
         return None
 
