@@ -327,6 +327,30 @@ def test_an_agent_out_of_descriptors_waits_says_why_and_delivers_everything_once
     assert len(parquet_backend.read_metrics(run_dir)) == 4
 
 
+def test_an_import_cut_for_want_of_descriptors_does_not_fail_a_sink_for_good_its_agent_starts_afresh(
+    tmp_path, test_backends, monkeypatch
+):
+    """A tracker's import cut part-way by a real RLIMIT_NOFILE leaves its package half made in the agent's interpreter:
+    the retried import raises a NameError that names no resource (as ``import asyncio`` did in the explorer's agent,
+    seed 7153). The sink is not failed for it: the agent starts again from the cursors, and the fresh interpreter
+    imports it and delivers everything, once."""
+    from rllog_test_backends import read_jsonl
+
+    marker = tmp_path / "import-cut"
+    monkeypatch.setenv("RLLOG_TEST_CUT_IMPORT", str(marker))
+    run_dir = tmp_path / "r"
+    options = {"jsonl": {"imports": "rllog_test_halfmade"}}
+    run = rllog.init(report_to="jsonl", run_dir=run_dir, backend_options=options, flush_interval=0.1, health=False)
+    for step in range(30):
+        run.log({"x": float(step)}, step=step)
+    report = run.finish(timeout=120)
+    assert marker.exists()  # the import was cut (once: the fresh agent's import goes through)
+    assert report.ok and report["jsonl"].state == "delivered", report
+    records, statuses = read_jsonl(run_dir / "jsonl.jsonl")
+    assert sorted(r["seq"] for r in records) == list(range(1, 31)) and statuses == ["finished"]
+    assert run._agent.restarts == 1
+
+
 def test_a_follower_whose_cursor_cannot_be_saved_for_want_of_descriptors_saves_it_with_its_spares(tmp_path):
     run_dir = tmp_path / "r"
     logged_run(run_dir, 10)

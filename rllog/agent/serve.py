@@ -86,6 +86,7 @@ def serve(
             retry=RetryPolicy(**run_file.retry),
             on_progress=partial(on_progress, spec.name) if on_progress else None,
             hold=load.wait,
+            restartable=follow,
         )
         try:
             followers.append(follower.start(wait=LOCK_WAIT_SECONDS if follow else 0.0))

@@ -16,6 +16,10 @@ and the record was the problem) it goes to the sink's dead-letter list and deliv
 when the journal ends stay pending, and the sink is reported failed. When :data:`MAX_SUSPECTS` records in a row fail,
 the sink itself is broken: it is marked failed and those records stay pending for ``rllog replay``. The first dead
 letter and a failure are said at once on stderr (:mod:`rllog.delivery.notices`).
+
+A process that ran out of a resource is not trusted to call anything permanent (:data:`RAN_OUT`): a live agent's
+follower that would fail a sink or reject a record there ends for a restart of its agent from the cursors instead,
+and a fresh interpreter judges the same call again.
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ from rllog.sink import Batch
 from rllog.sink_errors import is_resource_exhausted
 
 log = logging.getLogger("rllog.delivery")
+
+#: Set once this process ran out of a resource (a sink call or a journal read raised what
+#: :func:`rllog.sink_errors.is_resource_exhausted` sees). What ran out can leave the interpreter damaged in ways that
+#: name no resource later: an import cut part-way for want of a descriptor or memory leaves the submodules that loaded
+#: in ``sys.modules``, unbound from the package, and the next import of that package in any thread raises a
+#: ``NameError`` (``asyncio``'s ``base_events``, in the explorer's agent). From then on a live agent's follower
+#: (``restartable``) does not fail a sink or reject a record on this process's word: it ends for a restart from its
+#: cursor (:meth:`rllog.delivery.Follower._restart_from_cursor`), and the restarted agent starts clean.
+RAN_OUT = threading.Event()
 
 
 @dataclass
@@ -98,7 +111,7 @@ def _kind(record: Any) -> str:
 
 class SinkCalls:
     """The sink-calling half of a :class:`rllog.delivery.Follower` (which holds the state it uses: ``name``,
-    ``sink``, ``retry``, ``ledger``, ``state``, ``error``, ``saved``, ``follow``, ``writer_gone``, ``_stop``,
+    ``sink``, ``retry``, ``ledger``, ``state``, ``error``, ``saved``, ``follow``, ``restartable``, ``writer_gone``, ``_stop``,
     ``_sleep``, ``retry_due``, ``_save``, ``_advance``, ``_durable_writes``, ``say``)."""
 
     name: str
@@ -107,6 +120,7 @@ class SinkCalls:
     error: str | None
     state: str
     follow: bool
+    restartable: bool
     run_dir: str | os.PathLike
     ledger: DurableLedger
     saved: Cursor
@@ -228,7 +242,12 @@ class SinkCalls:
             try:
                 fn()
             except Exception as exc:
-                if not isinstance(exc, TransientError) and not is_resource_exhausted(exc):
+                ran_out = is_resource_exhausted(exc)
+                if ran_out:
+                    RAN_OUT.set()
+                elif not isinstance(exc, TransientError):
+                    if RAN_OUT.is_set() and self.restartable and not self._stop.is_set():
+                        raise  # judged again by a fresh agent (RAN_OUT): the follower ends for a restart
                     if self.error is not None and self.error.startswith(RETRY_NOTE):  # retrying is over either way
                         self.error = None
                     if permanent_ok:
@@ -245,7 +264,7 @@ class SinkCalls:
                 # What this machine ran out of is waited for while the run lives (finish's deadline ends the wait,
                 # its records pending and the cause named), as the journal waits out a full disk; a replay, or an
                 # agent whose trainer died (nobody will call finish), gives up on it like on a tracker that stays down.
-                waits_for_the_run = self.follow and is_resource_exhausted(exc) and not self.writer_gone()
+                waits_for_the_run = self.follow and ran_out and not self.writer_gone()
                 give_up = self.retry.give_up_after is not None and not waits_for_the_run
                 if give_up and now - first_failure >= (self.retry.give_up_after or 0.0):
                     return self._fail(exc, SinkState.GAVE_UP, prefix)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rllog import messages
-from rllog.delivery.calls import _SPARE_DESCRIPTORS, RetryPolicy, SinkCalls
+from rllog.delivery.calls import _SPARE_DESCRIPTORS, RAN_OUT, RetryPolicy, SinkCalls
 from rllog.delivery.cursor import CursorStore, SinkState
 from rllog.delivery.flush import POLL_INTERVAL, FlushSchedule
 from rllog.delivery.ledger import DurableLedger
@@ -67,6 +67,9 @@ class Follower(SinkCalls):
             (:func:`rllog.delivery.request_flush`).
         say: where a failure, or the first dead letter, is said when it happens (default: this process's stderr:
             the trainer's with ``delivery="thread"``, agent.log in the agent, whose supervisor says it again).
+        restartable: a fresh process starts this follower again from its cursor when it ends for a restart (a live
+            agent's followers): in a process that ran out of a resource (:data:`rllog.delivery.calls.RAN_OUT`) it
+            then fails nothing for good, and ends for a restart instead.
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class Follower(SinkCalls):
         on_progress: Callable[[int], None] | None = None,
         say: Callable[[str], None] = messages.say,
         hold: Callable[[threading.Event], None] | None = None,
+        restartable: bool = False,
     ):
         self.name = name
         self._sink_or_factory = sink
@@ -95,6 +99,7 @@ class Follower(SinkCalls):
         self.run_dir = run_info.run_dir
         self.say = say
         self.follow = follow
+        self.restartable = restartable
         self.writer_gone = writer_gone
         self.hold = hold  # returns when the follower may work (the agent waits for a busy trainer), or on stop
         self.attempt_starts = attempt_starts
@@ -237,7 +242,10 @@ class Follower(SinkCalls):
                     self._wake.wait(self.schedule.wait_before_reading(self._dirty, self.ledger.seq, self._delivered_seq))
                     self._wake.clear()
         except Exception as exc:
-            if is_resource_exhausted(exc) and not self._stop.is_set():
+            ran_out = is_resource_exhausted(exc)
+            if ran_out:
+                RAN_OUT.set()
+            if (ran_out or (RAN_OUT.is_set() and self.restartable)) and not self._stop.is_set():
                 self._restart_from_cursor(exc)
             else:
                 self._last_resort(exc)
@@ -280,11 +288,13 @@ class Follower(SinkCalls):
 
     def _restart_from_cursor(self, exc: Exception) -> None:
         """The machine ran out of something in the follower's own work (not in a sink call or a journal read, which
-        wait for it): its records in memory may be half booked, so it ends here, its cursor still ``running`` and
-        saying why, for its agent to start again from the cursor (:attr:`needs_restart`)."""
+        wait for it), or anything went wrong in a process that ran out of something before (:data:`RAN_OUT`): its
+        records in memory may be half booked, so it ends here, its cursor still ``running`` and saying why, for its
+        agent to start again from the cursor (:attr:`needs_restart`)."""
         self.needs_restart = True
         try:
-            self.error = f"{type(exc).__name__} while delivering: {exc}; delivery starts again from the cursor"
+            after = "" if is_resource_exhausted(exc) else " (after this process ran out of a resource: judged again)"
+            self.error = f"{type(exc).__name__} while delivering: {exc}{after}; delivery starts again from the cursor"
             log.error("rllog: sink %r: %s", self.name, self.error)
             self._save(self.state, wait=False)
         except BaseException:  # what was saved last stands; the agent restarts it all the same
@@ -454,6 +464,7 @@ class Follower(SinkCalls):
             except Exception as exc:
                 if not is_resource_exhausted(exc):
                     raise
+                RAN_OUT.set()
                 if not wait:
                     return False
                 if self._stop.is_set():  # told to stop: the last saved cursor stands (a replay re-sends from it)

@@ -17,6 +17,7 @@ leaves whole lines (a buffered file could leave half a line for the re-sent reco
 """
 
 import errno
+import importlib
 import json
 import os
 import threading
@@ -29,13 +30,16 @@ from rllog.sink import Capabilities
 class JsonlSink:
     capabilities = Capabilities(tables=True, config=False)
 
-    def __init__(self, name="jsonl", mode="ok", file=None, control=None):
+    def __init__(self, name="jsonl", mode="ok", file=None, control=None, imports=None):
         self.name = name
+        self.imports = imports  # a module imported at open, as a tracker's library is
         self.mode = os.environ.get(f"RLLOG_TEST_MODE_{name.upper()}", mode)
         self.file = file or f"{name}.jsonl"
         self.control = control
 
     def open(self, run_info):
+        if self.imports:
+            importlib.import_module(self.imports)
         path = os.path.join(run_info.run_dir, self.file)
         if self.mode == "scripted":
             self.control = self.control or os.path.join(run_info.run_dir, f"{self.name}.control")

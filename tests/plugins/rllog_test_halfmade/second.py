@@ -1,0 +1,2 @@
+__all__ = ["SECOND"]
+SECOND = 2
