@@ -124,7 +124,7 @@ def write_docs(args, faults, checks, violated, first, shrunk, elapsed) -> None:
         "",
         "| fault kind | injected |",
         "|---|---|",
-        *[f"| `{kind}` | {faults[kind]} |" for kind in fs.FAULT_KINDS],
+        *[f"| `{kind}` | {faults[kind]} |" for kind in fs.ALL_KINDS],
         "",
         "| invariant | checked | violated (schedules) | seeds |",
         "|---|---|---|---|",

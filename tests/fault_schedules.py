@@ -17,6 +17,10 @@ directory on a real small tmpfs, and applies each fault itself when it reaches t
   ``arg`` above what it uses, restored when the window ends;
 - ``trainer_nofile``: the trainer's own ``RLIMIT_NOFILE`` lowered to ``arg`` above what it uses (a training script
   that leaks descriptors: its journal writer and agent supervisor run out too), restored when the window ends;
+- ``trainer_memory``: the trainer's own ``RLIMIT_AS`` lowered to ``arg`` MiB above what it maps (a training script
+  that holds almost all memory: rllog's threads, a restarted agent and ``log`` itself run short), restored when the
+  window ends; a ``log`` that raises ``MemoryError`` is called again, as a script that survives it would (a record
+  must then be in the journal once);
 - ``stderr_gone``: the trainer's stderr (descriptor 2) made a pipe whose reader has gone, so every write to it fails
   with ``EPIPE`` (``python train.py 2>&1 | head``, a log collector that died), given back when the window ends;
 - ``trainer_stop``: the trainer SIGSTOPs itself (a debugger's breakpoint, a suspended laptop, a frozen cgroup) for
@@ -75,6 +79,8 @@ TRAINER_STOPS = (0.5, 3.0)  # seconds the trainer stays SIGSTOPped
 NOFILE_SPARE = (2, 8)  # descriptors the agent may still open under a lowered RLIMIT_NOFILE
 MEMORY_SPARE_MB = (1, 24)  # MiB of address space the agent may still map under a lowered RLIMIT_AS
 TRAINER_NOFILE_SPARE = (0, 6)  # descriptors the trainer may still open under its lowered RLIMIT_NOFILE
+TRAINER_MEMORY_SPARE_MB = (0, 16)  # MiB of address space the trainer may still map under its lowered RLIMIT_AS
+TRAINER_MEMORY_CHANCE = 0.15  # of a schedule having a trainer_memory window (drawn apart: see generate)
 # A 429's Retry-After: none given (backoff), short, a second, and an HTTP-date in the year 9999 (2.5e11 s away).
 RETRY_AFTERS = (None, 0.05, 1.0, 2.5e11)
 SHORT_RETRY_AFTER = 5.0  # a 429 asking for at most this is retried well within finish's deadline once its window ends
@@ -88,6 +94,7 @@ RECOVERABLE = (
     "journal_damage",
     "sink_hang",
     "trainer_nofile",
+    "trainer_memory",
     "stderr_gone",
     "trainer_stop",
 )
@@ -112,6 +119,10 @@ WINDOWS = (
 )
 POINTS = ("agent_kill", "journal_damage", "trainer_stop", "trainer_kill")
 FAULT_KINDS = WINDOWS + POINTS
+# Windows drawn from a generator of their own, after the others, so that adding one left the schedule of every seed
+# drawn before it as it was (but for the window itself, in TRAINER_MEMORY_CHANCE of them).
+DRAWN_APART = ("trainer_memory",)
+ALL_KINDS = FAULT_KINDS + DRAWN_APART
 SINK_MODES = {
     "sink_down": "down",
     "sink_crash": "crash",
@@ -120,7 +131,9 @@ SINK_MODES = {
     "sink_hang": "hang",
     "sink_rate_limited": "rate_limited",
 }
-AGENT_DEATHS = ("agent_kill", "agent_memory", "agent_nofile")  # faults after which the agent may re-send in-flight records
+# Faults after which the agent may re-send in-flight records (an agent restarted in a trainer_memory window inherits
+# its trainer's lowered RLIMIT_AS, and may die of it).
+AGENT_DEATHS = ("agent_kill", "agent_memory", "agent_nofile", "trainer_memory")
 # A window that may outlast finish (None): a disk full past the deadline, a tracker down or broken for good.
 MAY_OUTLAST_FINISH = (
     "disk_full",
@@ -252,6 +265,11 @@ def generate(seed: int) -> Schedule:
         elif kind == "sink_rate_limited":
             arg = rng.choice(RETRY_AFTERS)
         faults.append(Fault(kind, at, until, arg))
+    apart = random.Random(f"trainer_memory {seed}")
+    if apart.random() < TRAINER_MEMORY_CHANCE and last > 2:
+        at = apart.randint(1, last - 1)
+        until = min(last, at + apart.randint(20, max(21, n // 2)))
+        faults.append(Fault("trainer_memory", at, until, apart.randint(*TRAINER_MEMORY_SPARE_MB)))
     if kill_at is not None:
         faults.append(Fault("trainer_kill", kill_at))
     faults.sort(key=lambda f: (f.at, f.kind))
@@ -312,7 +330,7 @@ class Windows:
 
 windows = collections.defaultdict(Windows)  # by what the fault changes: "sink", "stderr", "own", or an agent limit's kind
 saved = {}  # what a fault replaced, kept until its last window ends: stderr, the trainer's limit, the agents' limits
-own = {"lowered": None}  # the trainer's own RLIMIT_NOFILE while trainer_nofile windows are open
+own = {"lowered": None, "memory": None}  # the trainer's own RLIMIT_NOFILE / RLIMIT_AS while trainer_* windows are open
 
 
 def agent_pid():
@@ -328,16 +346,38 @@ def set_mode(mode, retry_after=None):
 
 
 @contextlib.contextmanager
-def own_descriptors():
-    # The explorer's own fault code (a control file, the ballast, /proc) runs with the trainer's limit as it was;
-    # rllog's threads meet the lowered one the rest of the time.
+def own_limits():
+    # The explorer's own fault code (a control file, the ballast, /proc) runs with the trainer's limits as they were;
+    # rllog's threads meet the lowered ones the rest of the time.
     if own["lowered"] is not None:
         resource.setrlimit(resource.RLIMIT_NOFILE, saved["own"])
+    if own["memory"] is not None:
+        resource.setrlimit(resource.RLIMIT_AS, saved["own_memory"])
     try:
         yield
-    finally:  # the limit as the call left it: lowered by the first window's start, given back by the last's end
+    finally:  # the limits as the call left them: lowered by the first window's start, given back by the last's end
         if own["lowered"] is not None:
             resource.setrlimit(resource.RLIMIT_NOFILE, own["lowered"])
+        if own["memory"] is not None:
+            resource.setrlimit(resource.RLIMIT_AS, own["memory"])
+
+
+def mapped():
+    status = open("/proc/self/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:"))) * 1024
+
+
+def again_if_short_of_memory(call):
+    # What a script that survives a MemoryError does: call again (the trainer_memory window ends by itself).
+    while True:
+        try:
+            return call()
+        except MemoryError:
+            memory_errors[0] += 1
+            time.sleep(0.005)
+
+
+memory_errors = [0]
 
 
 def fill(headroom):
@@ -421,6 +461,10 @@ def apply(f):
         if windows["own"].opened(f):
             saved["own"] = resource.getrlimit(resource.RLIMIT_NOFILE)
         own["lowered"] = (len(os.listdir("/proc/self/fd")) + int(arg), saved["own"][1])
+    elif kind == "trainer_memory":
+        if windows["own_memory"].opened(f):
+            saved["own_memory"] = resource.getrlimit(resource.RLIMIT_AS)
+        own["memory"] = (mapped() + int(arg) * 1024 * 1024, saved["own_memory"][1])
     elif kind == "agent_nofile" and pid:
         old = lower_limit(f, pid, resource.RLIMIT_NOFILE)
         used = len(os.listdir(f"/proc/{pid}/fd"))
@@ -470,7 +514,10 @@ def end(f):
             os.close(saved.pop("stderr"))
     elif kind == "trainer_nofile":
         if windows["own"].closed(f):
-            own["lowered"] = None  # own_descriptors, around this call, has given the saved limit back
+            own["lowered"] = None  # own_limits, around this call, has given the saved limit back
+    elif kind == "trainer_memory":
+        if windows["own_memory"].closed(f):
+            own["memory"] = None
     elif kind in ("agent_nofile", "agent_memory"):
         if windows[kind].closed(f):
             for pid, (which, old) in saved.pop(kind).items():
@@ -491,21 +538,23 @@ for f in faults:
 n, every = spec["records"], spec["table_every"]
 for i in range(n):
     for f in ends.get(i, []):
-        with own_descriptors():
+        with own_limits():
             end(f)
     for f in starts.get(i, []):
-        with own_descriptors():
+        with own_limits():
             start(f)
     if every and i % every == every - 1:
-        run.log_table(f"t{(i // every) % spec['table_names']}", {"id": [i, i], "text": ["a" * (i % 13), "b"]}, step=i)
+        again_if_short_of_memory(lambda: run.log_table(
+            f"t{(i // every) % spec['table_names']}", {"id": [i, i], "text": ["a" * (i % 13), "b"]}, step=i))
     else:
-        run.log({"id": float(i), "x": i * 0.5, "y": -1.0} | {f"m{k}": i + k * 0.25 for k in range(spec["width"] - 3)}, step=i)
-    out.write(f"L {i} {time.monotonic()}\n")
+        again_if_short_of_memory(lambda: run.log(
+            {"id": float(i), "x": i * 0.5, "y": -1.0} | {f"m{k}": i + k * 0.25 for k in range(spec["width"] - 3)}, step=i))
+    again_if_short_of_memory(lambda: out.write(f"L {i} {time.monotonic()}\n"))
     if i % 10 == 9:
-        out.flush()
+        again_if_short_of_memory(out.flush)
         time.sleep(spec["pace"] * 10)  # the trainer's pace, part of the schedule: faults land while it logs
 for f in ends.get(n, []):
-    with own_descriptors():
+    with own_limits():
         end(f)
 out.flush()
 report = run.finish(timeout=spec["finish_timeout"])
@@ -513,7 +562,8 @@ sinks = {name: {"state": r.state, "delivered": r.delivered, "pending": r.pending
                 "error": r.error, "dead_letter_list": list(r.dead_letter_list)} for name, r in report.items()}
 out.write("R " + json.dumps({"records": report.records, "unwritten": report.unwritten, "ok": report.ok,
                              "damage": report.journal_damage.as_dict(), "notes": report.notes, "sinks": sinks,
-                             "restarts": run._agent.restarts if run._agent else 0}) + "\n")
+                             "restarts": run._agent.restarts if run._agent else 0,
+                             "memory_errors": memory_errors[0]}) + "\n")
 out.flush()
 for f in faults:  # windows that outlast finish end now (a disk full past finish is freed by the explorer)
     if f["kind"] not in spec["points"] and f["until"] is None and f["kind"] != "disk_full":

@@ -15,7 +15,7 @@ import fault_schedules as fs
 import pytest
 from sinks import CannotMount, cannot_mount
 
-# Seeds that together inject every kind in fs.FAULT_KINDS (checked below). 372: 20-metric records on a 4 MB disk, a
+# Seeds that together inject every kind in fs.ALL_KINDS (checked below). 372: 20-metric records on a 4 MB disk, a
 # sink hung past finish, the agent killed twice; 849: the trainer SIGSTOPped, a sink hung past finish, where the other
 # sinks must be delivered (others_unaffected); 513: the agent killed, the trainer out of descriptors and a 429 past
 # finish. benchmarks/soak.py runs as many more schedules as one asks for (docs/reliability-soak.md).
@@ -25,7 +25,7 @@ SHRINK_RUNS = 4  # schedules run to shrink a failure (each 10-30 s)
 
 def test_the_seeds_inject_every_fault_kind():
     kinds = {f.kind for seed in SEEDS for f in fs.generate(seed).faults}
-    assert kinds == set(fs.FAULT_KINDS)
+    assert kinds == set(fs.ALL_KINDS)
 
 
 def test_a_schedule_is_a_function_of_its_seed_and_survives_json():
