@@ -351,6 +351,40 @@ def test_an_import_cut_for_want_of_descriptors_does_not_fail_a_sink_for_good_its
     assert run._agent.restarts == 1
 
 
+class TakesOneWriteThenBreaks(MemorySink):
+    """Takes its first write (held until a flush, as a buffering tracker does), then raises a permanent error."""
+
+    def write_metrics(self, records):
+        if self.metric_calls:
+            raise RuntimeError("broken after a fault")
+        super().write_metrics(records)
+
+
+def test_an_agent_that_ran_out_keeps_what_its_sink_took_before_it_restarts_so_nothing_is_sent_twice(tmp_path):
+    """In an agent that ran out of a resource, a permanent error ends the follower for a restart (RAN_OUT). What the
+    sink took and holds is flushed first, so the fresh agent does not send it again (explorer seed 81323: 20 jsonl
+    records twice after a sink's EMFILE then its crash)."""
+    from rllog.delivery.calls import RAN_OUT
+
+    run_dir = tmp_path / "r"
+    logged_run(run_dir, 100)
+    sink = TakesOneWriteThenBreaks("memory")
+    RAN_OUT.set()
+    try:
+        first = Follower(
+            "memory", sink, load_run_info(run_dir)[0], follow=True, restartable=True, batch_size=50, flush_interval=60
+        )
+        assert first.start().join(60)
+    finally:
+        RAN_OUT.clear()
+    saved = json.loads((run_dir / "delivery" / "memory.json").read_text())
+    assert first.needs_restart and saved["state"] == "running" and "judged again" in saved["error"], saved
+    assert sink.seqs == list(range(1, 51)) and sink.flushes == 1 and saved["seq"] == 50
+    again = MemorySink("memory")
+    assert Follower("memory", again, load_run_info(run_dir)[0], follow=True).start().join(60)
+    assert again.seqs == list(range(51, 101))  # what the broken sink took is not sent again
+
+
 def test_a_follower_whose_cursor_cannot_be_saved_for_want_of_descriptors_saves_it_with_its_spares(tmp_path):
     run_dir = tmp_path / "r"
     logged_run(run_dir, 10)

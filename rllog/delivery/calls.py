@@ -247,6 +247,7 @@ class SinkCalls:
                     RAN_OUT.set()
                 elif not isinstance(exc, TransientError):
                     if RAN_OUT.is_set() and self.restartable and not self._stop.is_set():
+                        self._keep_what_the_sink_holds()  # or the fresh agent sends it again
                         raise  # judged again by a fresh agent (RAN_OUT): the follower ends for a restart
                     if self.error is not None and self.error.startswith(RETRY_NOTE):  # retrying is over either way
                         self.error = None
