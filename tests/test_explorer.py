@@ -1,6 +1,6 @@
 """The fault-schedule explorer (tests/fault_schedules.py) on a fixed budget of seeds: real runs with real faults
 (a full tmpfs, agent SIGKILL/SIGSTOP, sink errors transient, permanent and resource, a sink that hangs or answers
-429, the agent's real file and memory limits, the trainer's real file limit and a stderr whose reader has gone, a
+429, the agent's real file and memory limits, the trainer's real file and address-space limits and a stderr whose reader has gone, a
 trainer SIGSTOP or SIGKILL, damaged journal bytes, clock jumps) checked against docs/guarantees.md.
 
 The seeds are chosen so that together they inject every fault kind; any seed must pass
