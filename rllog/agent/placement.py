@@ -345,10 +345,10 @@ class TrainerLoad:
     GRPO on two cores, torch on both: the idle agent took a whole core for seconds while torch's two threads shared
     the other, and training ran 2x slower; stopped, the agent cost nothing). The agent then had a session, so a
     scheduling group, of its own (``rllog.agent.launch.AGENT_PROCESS_GROUP``); this wait was measured against that.
-    So while the trainer's demand for CPU
-    (its threads' time running or waiting to run, averaged over :data:`LOAD_WINDOW_SECONDS`) leaves less than that
-    many CPUs of those it may run on (:func:`trainer_cpus`: its affinity, or its cgroup's quota if tighter), the
-    followers wait before their next read, a sink waits to open, and a standby's imports wait (:class:`ImportGate`).
+    So while the trainer's demand for CPU (its threads' time running or waiting to run, averaged over
+    :data:`LOAD_WINDOW_SECONDS`) leaves less than that many CPUs of those it may run on (:func:`trainer_cpus`: its
+    affinity, or its cgroup's quota if tighter), the followers wait before their next read, a sink waits to open, and
+    a standby's imports wait (:class:`ImportGate`).
     The journal keeps every record meanwhile. The wait ends when the trainer leaves room (a GPU run, a pause,
     ``finish``), when the trainer is gone, or once delivery is ``$RLLOG_AGENT_LAG_MAX`` s behind (then
     :class:`PriorityGovernor` also raises the agent to catch up): on a busy machine, delivery comes in bursts at most

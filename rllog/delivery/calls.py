@@ -65,6 +65,15 @@ log = logging.getLogger("rllog.delivery")
 RAN_OUT = threading.Event()
 
 
+def note_ran_out(exc: BaseException) -> bool:
+    """Whether ``exc`` says this machine ran out of something (:func:`rllog.sink_errors.is_resource_exhausted`);
+    remembered for the process in :data:`RAN_OUT` when it does."""
+    if is_resource_exhausted(exc):
+        RAN_OUT.set()
+        return True
+    return False
+
+
 @dataclass
 class RetryPolicy:
     """Capped exponential backoff with full jitter, ``Retry-After`` honoured (up to
@@ -242,10 +251,8 @@ class SinkCalls:
             try:
                 fn()
             except Exception as exc:
-                ran_out = is_resource_exhausted(exc)
-                if ran_out:
-                    RAN_OUT.set()
-                elif not isinstance(exc, TransientError):
+                ran_out = note_ran_out(exc)
+                if not ran_out and not isinstance(exc, TransientError):
                     if RAN_OUT.is_set() and self.restartable and not self._stop.is_set():
                         self._keep_what_the_sink_holds()  # or the fresh agent sends it again
                         raise  # judged again by a fresh agent (RAN_OUT): the follower ends for a restart

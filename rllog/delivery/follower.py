@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rllog import messages
-from rllog.delivery.calls import _SPARE_DESCRIPTORS, RAN_OUT, RetryPolicy, SinkCalls
+from rllog.delivery.calls import _SPARE_DESCRIPTORS, RAN_OUT, RetryPolicy, SinkCalls, note_ran_out
 from rllog.delivery.cursor import CursorStore, SinkState
 from rllog.delivery.flush import POLL_INTERVAL, FlushSchedule
 from rllog.delivery.ledger import DurableLedger
@@ -242,9 +242,7 @@ class Follower(SinkCalls):
                     self._wake.wait(self.schedule.wait_before_reading(self._dirty, self.ledger.seq, self._delivered_seq))
                     self._wake.clear()
         except Exception as exc:
-            ran_out = is_resource_exhausted(exc)
-            if ran_out:
-                RAN_OUT.set()
+            ran_out = note_ran_out(exc)
             if (ran_out or (RAN_OUT.is_set() and self.restartable)) and not self._stop.is_set():
                 self._restart_from_cursor(exc)
             else:
@@ -462,9 +460,8 @@ class Follower(SinkCalls):
                 self._saved_key = key
                 return True
             except Exception as exc:
-                if not is_resource_exhausted(exc):
+                if not note_ran_out(exc):
                     raise
-                RAN_OUT.set()
                 if not wait:
                     return False
                 if self._stop.is_set():  # told to stop: the last saved cursor stands (a replay re-sends from it)
