@@ -266,6 +266,41 @@ def test_an_idle_writer_sleeps_and_a_new_entry_still_lands(tmp_path):
     assert [r.values["v"] for r in read_all(tmp_path) if isinstance(r, MetricsRecord)] == [1.0, 2.0]
 
 
+def test_a_writer_fed_faster_than_it_writes_wakes_once_a_batch_on_its_timer_alone(tmp_path):
+    """A training loop logs every few milliseconds: the writer then goes from one batch to the next on its timer, not
+    to an idle wait the next entry ends and then the batch's wait (two wake-ups a batch, each taking the GIL and a CPU
+    from training: 2 s of this took ~40). Each entry still lands within a ``write_interval`` or so of its append, and
+    once the entries stop the writer sleeps with no timer again."""
+    interval, seconds = 0.1, 2.0
+    w = JournalWriter(tmp_path, write_interval=interval)
+    w.append(PendingMetrics(1, 0, 1.0, {"v": 0.0}))
+    assert w.wait_written(1, timeout=10.0)
+    appended: dict[int, float] = {}
+    landed: dict[int, float] = {}
+    before = thread_wakeups(w._thread.native_id)
+    seq, end = 1, time.monotonic() + seconds
+    while time.monotonic() < end:
+        seq += 1
+        appended[seq] = time.monotonic()
+        w.append(PendingMetrics(seq, seq, float(seq), {"v": float(seq)}))
+        for s in range(len(landed) + 2, w.written_seq + 1):  # seen to land since the last look
+            landed[s] = time.monotonic()
+        time.sleep(0.005)
+    wakeups = thread_wakeups(w._thread.native_id) - before
+    assert wakeups <= 1.4 * seconds / interval, wakeups  # ~20 batches; each woke the writer twice before (~40)
+    assert w.wait_written(seq, timeout=10.0)
+    late = [landed[s] - appended[s] for s in landed]
+    assert len(late) > seq / 2 and sorted(late)[len(late) // 2] < interval  # within a batch's wait of the append
+    time.sleep(3 * interval)  # a whole interval with nothing: the writer goes idle
+    idle_before = thread_wakeups(w._thread.native_id)
+    time.sleep(1.0)
+    assert thread_wakeups(w._thread.native_id) - idle_before <= 1
+    w.close("finished")
+    assert [r.values["v"] for r in read_all(tmp_path) if isinstance(r, MetricsRecord)] == [0.0] + [
+        float(s) for s in range(2, seq + 1)
+    ]
+
+
 def test_an_entry_appended_while_the_writer_goes_idle_is_never_left_behind(tmp_path):
     """``append`` and the writer's idle wait race: an entry that comes between the writer's last look at what is
     pending and its sleep must still end the sleep, or it would wait for the next entry (for the last one of a run:
