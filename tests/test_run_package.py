@@ -26,7 +26,11 @@ def _public_methods(cls: type) -> dict[str, inspect.Signature]:
 def test_nullrun_has_the_public_methods_of_run_with_the_same_signatures():
     """Rank > 0 code calls what rank 0 calls: a method or a parameter missing on NullRun fails only on other ranks."""
     run_methods, null_methods = _public_methods(Run), _public_methods(NullRun)
-    assert set(run_methods) == set(null_methods) == {"log", "log_table", "update_config", "flush", "request_flush", "finish"}
+    assert (
+        set(run_methods)
+        == set(null_methods)
+        == {"log", "log_table", "update_config", "flush", "request_flush", "finish", "before_flush"}
+    )
     assert {n: str(s) for n, s in null_methods.items()} == {n: str(s) for n, s in run_methods.items()}
 
 

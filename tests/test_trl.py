@@ -1066,3 +1066,110 @@ def test_the_plain_callback_records_the_report_to_it_was_given(monkeypatch, tmp_
     args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True)
     callback = integration.RLLogCallback(report_to="mlflow,parquet")
     assert integration.trainer_config(args, None, callback._given_report_to(args))["report_to"] == ["mlflow", "parquet"]
+
+
+def test_profiling_timings_land_one_record_a_step_each_at_the_step_it_was_taken(tiny_model, tmp_path, monkeypatch):
+    """TRL's ~8 timings a step are held and logged as one record (docs/decisions.md): every timing TRL produced lands
+    with its exact value at the step it was taken, in the record the holding rule gives (a new one when the step
+    changes or a name repeats), before the step's metrics; evaluate()'s timings too."""
+    from tiny_grpo import grpo_dataset
+
+    from rllog.integrations.trl import HeldTimings
+
+    taken: list[tuple[int, str, float] | None] = []  # what TRL timed, in order, at the trainer's step then; None: a log
+    add, log_held = HeldTimings.add, HeldTimings.log_held
+
+    def spy_add(self, run, name, duration):
+        step = run.step_source()
+        add(self, run, name, duration)  # what it logs first (another step's timings) is marked first
+        taken.append((step, name, duration))
+
+    def spy_log_held(self):
+        if self.held is not None:
+            taken.append(None)
+        log_held(self)
+
+    monkeypatch.setattr(HeldTimings, "add", spy_add)
+    monkeypatch.setattr(HeldTimings, "log_held", spy_log_held)
+    run_dir = tmp_path / "run"
+    trainer = make_grpo_trainer(
+        tiny_model, str(tmp_path / "out"), steps=3, report_to=["parquet"], rllog_options={"run_dir": str(run_dir)}
+    )
+    trainer.train()
+    trainer.evaluate(eval_dataset=grpo_dataset().select(range(2)))
+    assert trainer.rllog_run.finish().ok
+
+    expected: list[tuple[int, dict[str, float]]] = []  # the records the holding rule makes of them
+    logged = True
+    for timing in taken:
+        if timing is None:
+            logged = True
+            continue
+        step, name, duration = timing
+        if logged or expected[-1][0] != step or name in expected[-1][1]:
+            expected.append((step, {}))
+            logged = False
+        expected[-1][1][name] = duration
+    rows = rllog.read_metrics(run_dir).to_pylist()
+    records: dict[int, tuple[int, dict[str, float]]] = {}
+    for row in rows:
+        if row["key"].startswith("profiling/"):
+            records.setdefault(row["seq"], (row["step"], {}))[1][row["key"]] = row["value"]
+    assert [records[seq] for seq in sorted(records)] == expected
+    # a step's 8 timings in two records (the second starts where _get_per_token_logps_and_entropies is timed again),
+    # not eight; then evaluate()'s, at the step trained last
+    assert [step for step, _ in expected] == [1, 1, 2, 2, 3, 3, 3, 3]
+    assert [len(values) for _, values in expected[:6]] == [6, 2] * 3
+    # each training step's timings come before that step's metrics, as when each timing was its own log()
+    reward_seq = {r["step"]: r["seq"] for r in rows if r["key"] == "train/reward"}
+    assert all(min(seq for seq, (at, _) in records.items() if at == step) < reward_seq[step] for step in (1, 2, 3))
+
+
+HELD_AT_SIGTERM = r"""
+import os, signal, sys, time
+import rllog
+from rllog.integrations.trl import HeldTimings
+
+run = rllog.init(report_to="parquet", run_dir=sys.argv[1], health=False)
+run.step_source = lambda: 7  # as the trainer integration sets it: the step being trained
+held = HeldTimings()
+held.add(run, "profiling/Time taken: GRPOTrainer._prepare_inputs", 0.25)
+held.add(run, "profiling/Time taken: GRPOTrainer.reward_short", 0.125)
+os.kill(os.getpid(), signal.SIGTERM)  # mid-step: both timings are still held
+time.sleep(60)
+"""
+
+
+def test_timings_held_when_a_sigterm_comes_are_logged_before_the_run_is_finished_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from rllog.read import run_status
+
+    run_dir = tmp_path / "run"
+    script = tmp_path / "held.py"
+    script.write_text(HELD_AT_SIGTERM)
+    done = subprocess.run([sys.executable, str(script), str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+    rows = [(r["step"], r["key"], r["value"]) for r in rllog.read_metrics(run_dir).to_pylist()]
+    assert rows == [
+        (7, "profiling/Time taken: GRPOTrainer._prepare_inputs", 0.25),
+        (7, "profiling/Time taken: GRPOTrainer.reward_short", 0.125),
+    ]
+    assert run_status(run_dir) == "killed"
+
+
+def test_a_flush_logs_the_timings_held_and_waits_for_them(tmp_path):
+    from rllog.integrations.trl import HeldTimings
+
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "run", health=False)
+    run.step_source = lambda: 4
+    held = HeldTimings()
+    held.add(run, "profiling/a", 0.5)
+    held.add(run, "profiling/a", 0.75)  # the same name again: a new record
+    assert run.flush().ok
+    rows = rllog.read_metrics(run.run_dir).to_pylist()
+    assert [(r["step"], r["key"], r["value"]) for r in rows] == [(4, "profiling/a", 0.5), (4, "profiling/a", 0.75)]
+    assert rows[0]["seq"] < rows[1]["seq"]
+    assert run.finish().ok

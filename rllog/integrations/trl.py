@@ -57,10 +57,59 @@ EVAL_TABLE = "eval/completions"
 TRAIN_TABLE = "completions"
 _THIS_FILE = (lambda: None).__code__.co_filename  # what the warnings module reports for a frame of this module
 # While a mixin trainer trains or evaluates: the callback whose run TRL's profiling timings go to, the trainer's class
-# name and the name of the TRL class it derives from (the timings are named after TRL's class, whatever the user's is).
-_profiling_callback: contextvars.ContextVar[tuple[RLLogCallback, str, str] | None] = contextvars.ContextVar(
+# name, the name of the TRL class it derives from (the timings are named after TRL's class, whatever the user's is)
+# and the trainer's HeldTimings.
+_profiling_callback: contextvars.ContextVar[tuple[RLLogCallback, str, str, HeldTimings] | None] = contextvars.ContextVar(
     "rllog_profiling_callback", default=None
 )
+
+
+class HeldTimings:
+    """TRL's profiling timings of the step being trained, held to be logged as one record (``run.log``) rather than
+    one record each (~8 a GRPO step): each record costs the training thread a ``log`` call and the journal writer an
+    encoding while it holds the GIL, and with torch on one thread that was a third of what the mixin cost over
+    ``report_to="none"`` (docs/decisions.md). Every timing keeps the step it was taken at, as a ``log`` at that
+    moment would have given it. What is held is logged when a timing of another step, or one already held, comes;
+    as the trainer logs (before its metrics, the order ``log`` calls gave); as ``train()`` and ``evaluate()``
+    return; and before the run flushes or finishes (``Run.before_flush``: a SIGTERM's finish included).
+
+    No lock: the finish of a SIGTERM runs on another thread while the main thread waits inside the signal handler,
+    possibly inside :meth:`add`; a lock held there would never be released. One swap of :attr:`held` hands the
+    record over.
+    """
+
+    def __init__(self) -> None:
+        self.run: Any = None
+        self.held: tuple[int, dict[str, float]] | None = None  # (step, {name: seconds})
+
+    def add(self, run: Any, name: str, duration: float) -> None:
+        step_source = getattr(run, "step_source", None)
+        if step_source is None:  # a run no trainer drives the step of: nothing to hold a step's timings by
+            self._log(run, {name: duration}, None)
+            return
+        if run is not self.run:
+            self.log_held()
+            self.run = run
+            run.before_flush(self.log_held)
+        step = step_source()
+        held = self.held
+        if held is None or held[0] != step or name in held[1]:
+            self.log_held()
+            self.held = (step, {name: duration})
+        else:
+            held[1][name] = duration
+
+    def log_held(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            self._log(self.run, held[1], held[0])
+
+    @staticmethod
+    def _log(run: Any, values: dict[str, float], step: int | None) -> None:
+        try:
+            run.log(values, step=step)
+        except RunFinished:
+            pass  # the user finished the run and trains on: there is nowhere to log
 
 
 def _trl_class_name(cls: type) -> str:
@@ -72,9 +121,9 @@ def _trl_class_name(cls: type) -> str:
     return cls.__name__
 
 
-def _profiling_name(name: str, current: tuple[RLLogCallback, str, str]) -> str:
+def _profiling_name(name: str, current: tuple[RLLogCallback, str, str, HeldTimings]) -> str:
     """TRL's timing name (``<class>.<method>``) with the user's class name replaced by TRL's."""
-    _, own, trl = current
+    _, own, trl, _ = current
     return trl + name[len(own) :] if name.startswith(own + ".") else name
 
 
@@ -182,10 +231,7 @@ def _route_profiling_through_rllog() -> None:
         run = current[0].run if current is not None else None
         if current is None or run is None or not self.is_main_process:
             return
-        try:
-            run.log({f"{self.metric_prefix}: {_profiling_name(self.name, current)}": duration})  # at the step being trained
-        except RunFinished:
-            pass  # the user finished the run and trains on: there is nowhere to log
+        current[3].add(run, f"{self.metric_prefix}: {_profiling_name(self.name, current)}", duration)
 
     _log_metrics._rllog = True  # type: ignore[attr-defined]
     ProfilingContext._log_metrics = _log_metrics
@@ -218,6 +264,7 @@ class RLLogMixin(_TrainerBase):
     ):
         from transformers.integrations import INTEGRATION_TO_CALLBACK
 
+        self._rllog_timings = HeldTimings()
         # transformers builds a callback for each name left in report_to (and refuses names it does not know, such
         # as parquet): only the names rllog does not serve are left to it, so it never builds one rllog replaces.
         training_args = kwargs.get("args", args[2] if len(args) > 2 else None)
@@ -262,8 +309,8 @@ class RLLogMixin(_TrainerBase):
         the main one)."""
         return self.rllog_callback.run
 
-    def _profiling_target(self) -> tuple[RLLogCallback, str, str]:
-        return self.rllog_callback, type(self).__name__, _trl_class_name(type(self))
+    def _profiling_target(self) -> tuple[RLLogCallback, str, str, HeldTimings]:
+        return self.rllog_callback, type(self).__name__, _trl_class_name(type(self)), self._rllog_timings
 
     def train(self, *args: Any, **kwargs: Any):
         token = _profiling_callback.set(self._profiling_target())
@@ -276,6 +323,7 @@ class RLLogMixin(_TrainerBase):
             self.rllog_callback.train_raised("failed")
             raise
         finally:
+            self._rllog_timings.log_held()
             _profiling_callback.reset(token)
 
     def evaluate(self, *args: Any, **kwargs: Any):
@@ -289,6 +337,7 @@ class RLLogMixin(_TrainerBase):
         try:
             return super().evaluate(*args, **kwargs)
         finally:
+            self._rllog_timings.log_held()
             _profiling_callback.reset(token)
 
     def push_to_hub(self, *args: Any, **kwargs: Any):
@@ -297,6 +346,7 @@ class RLLogMixin(_TrainerBase):
         return super().push_to_hub(*args, **kwargs)
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
+        self._rllog_timings.log_held()  # before the step's metrics, as each timing's own log() came before them
         table = self._rllog_completions() if self.accelerator.is_main_process else None
         super().log(logs, start_time)
         if table is not None and self.rllog_run is not None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from rllog import distributed
 from rllog.rundir import FinishReport
 from rllog.validate import TableSchemas, normalise_metrics, stack_scalars, to_arrow_table
+
+log = logging.getLogger("rllog")
 
 
 def _to_host(tensors: dict[str, Any]) -> dict[str, float]:
@@ -57,6 +60,7 @@ class RunBase:
         self._step = -1
         self._finished: FinishReport | None = None
         self._table_schemas = TableSchemas()  # a column's type may change between calls only as documented
+        self._holders: list[Callable[[], None]] = []  # see before_flush
 
     def _prepare_metrics(self, values: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
         floats, tensors = normalise_metrics(values)
@@ -99,6 +103,24 @@ class RunBase:
 
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
         raise NotImplementedError
+
+    def before_flush(self, log_held: Callable[[], None]) -> None:
+        """Call ``log_held`` at the start of every ``flush`` and ``finish`` (a SIGTERM's included), while the run
+        still takes records: code that holds values back to log them together (the TRL integration holds a step's
+        profiling timings) logs them there, so a flush waits for them and a finish never leaves them behind.
+
+        Example:
+            >>> held = {}
+            >>> run.before_flush(lambda: held and run.log(held.copy()))
+        """
+        self._holders.append(log_held)
+
+    def _log_held(self) -> None:
+        for log_held in list(self._holders):
+            try:
+                log_held()
+            except Exception as exc:  # what was held is reported; the flush or finish goes on
+                log.error("rllog: logging held values before a flush or finish failed: %s", exc)
 
     def __enter__(self) -> RunBase:
         return self

@@ -42,12 +42,15 @@ class NullRun(RunBase):
         flatten_config(values, keep_lists=True)  # validated like the real run's
 
     def flush(self, timeout: float = 60.0) -> FinishReport:
+        self._log_held()
         return FinishReport()
 
     def request_flush(self, at_once: bool = False) -> None:
         pass
 
     def finish(self, status: str = "finished", timeout: float = 120.0) -> FinishReport:
+        if self._finished is None:
+            self._log_held()
         self._finished = self._finished or FinishReport()
         return self._finished
 

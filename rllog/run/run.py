@@ -276,6 +276,8 @@ class Run(RunBase):
         Returns a report like ``finish``'s, on those records: ``delivered`` for a sink that holds them
         all. A failed sink is not waited for; one still behind at ``timeout`` is reported ``pending``.
         """
+        if not self._forked and self._finishing is None:
+            self._log_held()
         with self._lock:
             self._check_open()
             target = self._seq
@@ -337,6 +339,8 @@ class Run(RunBase):
             raise InvalidArgument(f"status must be one of {RUN_STATUSES}, got {status!r}")
         if self._forked:
             raise ForkedChild("finish() called in a forked child process; finish the run in the process that started it")
+        if self._finishing is None:
+            self._log_held()
         with self._lock:
             first = self._finishing is None
             if first:
