@@ -66,9 +66,9 @@ _profiling_callback: contextvars.ContextVar[tuple[RLLogCallback, str, str, HeldT
 
 class HeldTimings:
     """TRL's profiling timings of the step being trained, held to be logged as one record (``run.log``) rather than
-    one record each (~8 a GRPO step): each record costs the training thread a ``log`` call and the journal writer an
-    encoding while it holds the GIL, and with torch on one thread that was a third of what the mixin cost over
-    ``report_to="none"`` (docs/decisions.md). Every timing keeps the step it was taken at, as a ``log`` at that
+    one record each (8 a GRPO step, 1,920 of a 240-step training's 2,161 records): each record costs the journal
+    writer an encoding with the GIL held, the trainer's garbage collector its objects and the agent a delivery
+    (docs/decisions.md). Every timing keeps the step it was taken at, as a ``log`` at that
     moment would have given it. What is held is logged when a timing of another step, or one already held, comes;
     as the trainer logs (before its metrics, the order ``log`` calls gave); as ``train()`` and ``evaluate()``
     return; and before the run flushes or finishes (``Run.before_flush``: a SIGTERM's finish included).
