@@ -1173,3 +1173,25 @@ def test_a_flush_logs_the_timings_held_and_waits_for_them(tmp_path):
     assert [(r["step"], r["key"], r["value"]) for r in rows] == [(4, "profiling/a", 0.5), (4, "profiling/a", 0.75)]
     assert rows[0]["seq"] < rows[1]["seq"]
     assert run.finish().ok
+
+
+def test_a_flush_landing_inside_add_loses_none_of_the_timings(tmp_path):
+    """The holder has no lock (a SIGTERM's finish must never wait for the main thread), so a flush on another thread
+    can land between ``add`` reading what is held and storing the new timing. Here it lands there every time (the
+    step's comparison runs it): a timing may be logged twice, but every one lands."""
+    from rllog.integrations.trl import HeldTimings
+
+    held = HeldTimings()
+
+    class Step(int):
+        def __ne__(self, other):
+            held.log_held()  # another thread's flush, right after add read what is held
+            return int(self) != int(other)
+
+    run = rllog.init(report_to="parquet", run_dir=tmp_path / "run", health=False)
+    run.step_source = lambda: Step(1)
+    for i in range(50):
+        held.add(run, f"profiling/t{i}", float(i))
+    assert run.finish().ok
+    rows = rllog.read_metrics(run.run_dir).to_pylist()
+    assert {(r["step"], r["key"], r["value"]) for r in rows} == {(1, f"profiling/t{i}", float(i)) for i in range(50)}

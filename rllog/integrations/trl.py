@@ -75,7 +75,8 @@ class HeldTimings:
 
     No lock: the finish of a SIGTERM runs on another thread while the main thread waits inside the signal handler,
     possibly inside :meth:`add`; a lock held there would never be released. One swap of :attr:`held` hands the
-    record over.
+    record over, and a held dict is never changed once made, so a flush on another thread racing with :meth:`add`
+    can log a timing twice, never lose it.
     """
 
     def __init__(self) -> None:
@@ -96,8 +97,8 @@ class HeldTimings:
         if held is None or held[0] != step or name in held[1]:
             self.log_held()
             self.held = (step, {name: duration})
-        else:
-            held[1][name] = duration
+        else:  # a new dict, never one handed over: a flush on another thread meanwhile logs this one twice at worst
+            self.held = (step, {**held[1], name: duration})
 
     def log_held(self) -> None:
         held, self.held = self.held, None
