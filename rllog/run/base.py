@@ -110,8 +110,12 @@ class RunBase:
         profiling timings) logs them there, so a flush waits for them and a finish never leaves them behind.
 
         Example:
-            >>> held = {}
-            >>> run.before_flush(lambda: held and run.log(held.copy()))
+            >>> held = {"time/generate": 0.4}  # values the caller's code holds back to log together
+            >>> def log_held():
+            ...     if held:
+            ...         run.log(dict(held))
+            ...         held.clear()
+            >>> run.before_flush(log_held)
         """
         self._holders.append(log_held)
 
